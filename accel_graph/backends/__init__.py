@@ -1,0 +1,255 @@
+"""Backend registry and routing.
+
+Built-ins live in :data:`BUILTIN_BACKENDS` as lazy ``"module:Class"`` strings, so importing
+this package imports no vendor module. Third parties add a device through the
+``accel_graph.backends`` entry-point group: the entry point names a module that defines exactly
+one concrete :class:`Backend` subclass, or the class itself.
+
+Routing (see :func:`select_backend`): an explicit ``device=`` wins; then ``ACCEL_GRAPH_BACKEND``;
+then the current accelerator; with no accelerator, the CPU recorder.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import logging
+import threading
+from importlib.metadata import entry_points
+
+import torch
+
+from .. import config
+from ..errors import BackendUnavailable
+from .base import Backend, Capabilities, DeviceSpec, GraphImpl, PoolHandle, PoolStats
+
+__all__ = [
+    "BUILTIN_BACKENDS",
+    "Backend",
+    "Capabilities",
+    "DeviceSpec",
+    "GraphImpl",
+    "PoolHandle",
+    "PoolStats",
+    "available_backends",
+    "current_backend",
+    "get_backend",
+    "probe_all",
+    "registered_backends",
+    "select_backend",
+]
+
+log = logging.getLogger("accel_graph")
+
+#: Built-in backends: name -> "module:Class". Adding a device is one module and one line here.
+BUILTIN_BACKENDS: dict[str, str] = {
+    "recorder": "accel_graph.backends.recorder:RecorderBackend",
+}
+
+ENTRY_POINT_GROUP = "accel_graph.backends"
+
+_lock = threading.Lock()
+_classes: dict[str, type[Backend]] | None = None
+_instances: dict[str, Backend] = {}
+
+
+def _load_class(target: str) -> type[Backend]:
+    module_name, _, attr = target.partition(":")
+    module = importlib.import_module(module_name)
+    if attr:
+        return getattr(module, attr)
+    return _single_backend_class(module)
+
+
+def _single_backend_class(module: object) -> type[Backend]:
+    """The one concrete Backend subclass a plugin module defines (Triton's discovery rule)."""
+    found = [
+        obj
+        for obj in vars(module).values()
+        if inspect.isclass(obj)
+        and issubclass(obj, Backend)
+        and not inspect.isabstract(obj)
+        and obj.__module__ == getattr(module, "__name__", None)
+    ]
+    if len(found) != 1:
+        raise BackendUnavailable(
+            f"backend plugin module {getattr(module, '__name__', module)!r} must define exactly one "
+            f"concrete Backend subclass, found {len(found)}"
+        )
+    return found[0]
+
+
+def _discover() -> dict[str, type[Backend]]:
+    classes: dict[str, type[Backend]] = {}
+    for name, target in BUILTIN_BACKENDS.items():
+        try:
+            classes[name] = _load_class(target)
+        except Exception as exc:  # a broken built-in must not break the others
+            log.debug("built-in backend %s failed to load: %s", name, exc)
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            obj = ep.load()
+            cls = obj if inspect.isclass(obj) else _single_backend_class(obj)
+        except Exception as exc:
+            log.warning("backend entry point %r failed to load: %s", ep.name, exc)
+            continue
+        if cls.name in classes:
+            log.warning("backend entry point %r shadows built-in %r; ignored", ep.name, cls.name)
+            continue
+        classes[cls.name] = cls
+    return classes
+
+
+def registered_backends() -> dict[str, type[Backend]]:
+    """Every loadable backend class by name (built-ins, then entry points). Cached."""
+    global _classes
+    with _lock:
+        if _classes is None:
+            _classes = _discover()
+        return dict(_classes)
+
+
+def register_backend(cls: type[Backend]) -> None:
+    """Register a backend class at run time (tests, notebooks). Replaces one of the same name."""
+    registered_backends()
+    with _lock:
+        assert _classes is not None
+        _classes[cls.name] = cls
+        _instances.pop(cls.name, None)
+
+
+def unregister_backend(name: str) -> None:
+    """Remove a backend registered at run time."""
+    registered_backends()
+    with _lock:
+        assert _classes is not None
+        _classes.pop(name, None)
+        _instances.pop(name, None)
+
+
+def _canonical(name: str) -> str:
+    classes = registered_backends()
+    key = name.strip().lower()
+    if key in classes:
+        return key
+    for cname, cls in classes.items():
+        if key in cls.aliases:
+            return cname
+    known = ", ".join(sorted(classes)) or "none"
+    raise BackendUnavailable(
+        f"no backend named {name!r} is registered (registered: {known}); "
+        f"check the spelling or install the plugin that provides it"
+    )
+
+
+def safe_probe(cls: type[Backend]) -> str | None:
+    """Run a probe and turn any exception into a reason: probes must never raise."""
+    try:
+        return cls.probe()
+    except Exception as exc:  # a buggy probe says why instead of breaking routing
+        return f"probe raised {type(exc).__name__}: {exc}"
+
+
+def probe_all() -> dict[str, str | None]:
+    """Every registered backend with its probe verdict (None means usable)."""
+    return {name: safe_probe(cls) for name, cls in registered_backends().items()}
+
+
+def available_backends() -> list[str]:
+    """Names of the backends whose probe passes here."""
+    return [name for name, reason in probe_all().items() if reason is None]
+
+
+def get_backend(name: str) -> Backend:
+    """The (cached) instance of the backend called ``name`` or one of its aliases.
+
+    Raises ``BackendUnavailable`` naming what is registered when the name is unknown, and the
+    probe's reason when the backend cannot be used here.
+    """
+    cname = _canonical(name)
+    inst = _instances.get(cname)
+    if inst is not None:
+        return inst
+    cls = registered_backends()[cname]
+    reason = safe_probe(cls)
+    if reason is not None:
+        raise BackendUnavailable(f"backend {cname!r} is unavailable: {reason}")
+    with _lock:
+        inst = _instances.setdefault(cname, cls())
+    return inst
+
+
+def _serves(cls: type[Backend], device_type: str) -> bool:
+    return device_type in cls.device_types
+
+
+def _current_accelerator() -> torch.device | None:
+    acc = getattr(torch, "accelerator", None)
+    if acc is None or not hasattr(acc, "current_accelerator"):
+        return torch.device("cuda") if torch.cuda.is_available() else None
+    try:
+        return acc.current_accelerator()
+    except Exception:  # no accelerator runtime: behave as a CPU-only host
+        return None
+
+
+def select_backend(device: torch.device | str | int | None = None) -> tuple[Backend, torch.device]:
+    """Pick the backend and concrete device for a graph, following the routing rules.
+
+    1. ``device`` given: the highest-priority usable backend serving its type (the recorder,
+       which serves any device, when no native one is usable); ``ACCEL_GRAPH_BACKEND`` may still
+       force a backend that serves that device type.
+    2. ``ACCEL_GRAPH_BACKEND`` set: that backend on its default device.
+    3. The current accelerator's native backend, else the recorder on it.
+    4. No accelerator: the recorder on the CPU.
+    """
+    forced = config.backend_override()
+    if device is not None:
+        dev = torch.device(device) if not isinstance(device, int) else _index_device(device)
+        if forced is not None:
+            backend = get_backend(forced)
+            if _serves(type(backend), dev.type) or "*" in type(backend).device_types:
+                return backend, dev
+            raise BackendUnavailable(
+                f"ACCEL_GRAPH_BACKEND={forced} does not serve device {dev}; "
+                f"unset it or pass a device it serves ({', '.join(type(backend).device_types)})"
+            )
+        return _backend_for_device(dev), dev
+    if forced is not None:
+        backend = get_backend(forced)
+        return backend, backend.default_device()
+    acc = _current_accelerator()
+    if acc is None:
+        return get_backend("recorder"), torch.device("cpu")
+    return _backend_for_device(acc), acc
+
+
+def _index_device(index: int) -> torch.device:
+    acc = _current_accelerator()
+    if acc is None:
+        raise BackendUnavailable(
+            f"device index {index} given but this host has no accelerator; pass device='cpu'"
+        )
+    return torch.device(acc.type, index)
+
+
+def _backend_for_device(dev: torch.device) -> Backend:
+    classes = registered_backends()
+    native = sorted(
+        (cls for cls in classes.values() if _serves(cls, dev.type)),
+        key=lambda c: -c.priority,
+    )
+    reasons = []
+    for cls in native:
+        reason = safe_probe(cls)
+        if reason is None:
+            return get_backend(cls.name)
+        reasons.append(f"{cls.name}: {reason}")
+    if reasons:
+        log.info("no native graph backend usable for %s (%s); using the recorder", dev, "; ".join(reasons))
+    return get_backend("recorder")
+
+
+def current_backend() -> Backend:
+    """The backend a ``Graph()`` without ``device=`` would use here."""
+    return select_backend(None)[0]

@@ -1,0 +1,61 @@
+"""One exception hierarchy for accel-graph.
+
+Every class derives from :class:`AccelGraphError` and, where a caller would already catch a
+standard exception for the same failure, from that one too (``ValueError`` for bad arguments,
+``torch.OutOfMemoryError``/``MemoryError`` for exhausted memory), so existing ``except`` clauses
+keep working. Messages name the device, the state and the next step.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = [
+    "AccelGraphError",
+    "BackendUnavailable",
+    "CaptureError",
+    "ConfigError",
+    "GraphStateError",
+    "OutOfMemoryError",
+    "PoolError",
+    "ReplayError",
+]
+
+
+class AccelGraphError(RuntimeError):
+    """Base class of every error raised by accel-graph."""
+
+
+class GraphStateError(AccelGraphError):
+    """A Graph method was called in a state that does not allow it (replay before capture, ...).
+
+    Raised by :class:`accel_graph.Graph` itself, so the type and the words are the same on every
+    backend. The graph is left exactly as it was before the refused call.
+    """
+
+
+class CaptureError(AccelGraphError):
+    """Something inside a capture is illegal under real device-graph capture.
+
+    The message names the operation, where it was called from, and what to do instead.
+    """
+
+
+class ReplayError(AccelGraphError):
+    """Replay cannot proceed safely (for example an input was resized or re-pointed)."""
+
+
+class BackendUnavailable(AccelGraphError):
+    """The requested backend or device cannot be used here; the message says why."""
+
+
+class ConfigError(AccelGraphError, ValueError):
+    """A bad argument or setting: an unknown capture_error_mode, a malformed config string, ..."""
+
+
+class PoolError(ConfigError):
+    """A pool handle that belongs to no pool, to another device or backend, or to a released pool."""
+
+
+class OutOfMemoryError(AccelGraphError, torch.OutOfMemoryError, MemoryError):
+    """A pool or allocator could not satisfy a request. Catchable as torch's OOM and MemoryError."""

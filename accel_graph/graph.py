@@ -1,0 +1,243 @@
+"""``accel_graph.Graph``: the capture/replay state machine, the same on every backend.
+
+The vocabulary is PyTorch's (``torch.cuda.CUDAGraph``, ``torch.accelerator.Graph``), so this
+class drops in where those were used. ``Graph`` owns the states and every misuse error; the
+backend's :class:`~accel_graph.backends.base.GraphImpl` only does the mechanism.
+
+States: ``empty`` -> ``capturing`` -> ``captured`` -> ``instantiated``; ``reset()`` returns to
+``empty`` from any state. With ``keep_graph=False`` (the default) ``capture_end`` instantiates
+at once, as in torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+from .backends import select_backend
+from .backends.base import CAPTURE_ERROR_MODES, Backend, DeviceSpec, GraphImpl, PoolHandle
+from .errors import ConfigError, GraphStateError
+
+__all__ = ["Graph", "graph", "graph_pool_handle", "is_current_stream_capturing"]
+
+EMPTY, CAPTURING, CAPTURED, INSTANTIATED = "empty", "capturing", "captured", "instantiated"
+
+
+def _check_mode(mode: str) -> str:
+    if mode not in CAPTURE_ERROR_MODES:
+        raise ConfigError(
+            f"unknown capture_error_mode {mode!r}; use one of {', '.join(CAPTURE_ERROR_MODES)}"
+        )
+    return mode
+
+
+class Graph:
+    """A device graph: capture a region of work once, replay it many times.
+
+    Args:
+        keep_graph: keep the captured graph after ``capture_end`` and instantiate on demand
+            (``instantiate()`` or the first ``replay()``), as in torch.
+        pool: a pool handle (``graph_pool_handle()`` or another graph's ``pool()``) to share
+            memory with; None gives the graph a private pool.
+        capture_error_mode: ``"default"``, ``"global"``, ``"thread_local"`` or ``"relaxed"``.
+        device: the device to capture on; None follows the routing rules (``ACCEL_GRAPH_BACKEND``,
+            then the current accelerator, then the CPU recorder).
+        compile: ``None`` replays the recorded program as captured; ``"inductor"`` compiles it
+            once at instantiation (recorder only; native backends ignore it with a warning).
+    """
+
+    def __init__(
+        self,
+        keep_graph: bool = False,
+        *,
+        pool: object | None = None,
+        capture_error_mode: str = "default",
+        device: torch.device | str | int | None = None,
+        compile: str | None = None,
+    ) -> None:
+        self._backend, dev = select_backend(device)
+        self._device: DeviceSpec = self._backend.device_spec(dev)
+        self.keep_graph = bool(keep_graph)
+        self.capture_error_mode = _check_mode(capture_error_mode)
+        self.graph_pool = None if pool is None else self._backend.resolve_pool(pool, self._device)
+        self._compile = compile
+        self._impl: GraphImpl = self._backend.new_graph(
+            self._device, keep_graph=self.keep_graph, compile=compile
+        )
+        self._state = EMPTY
+        self._pool: PoolHandle | None = None
+        self._debug = False
+
+    # -- introspection ------------------------------------------------------------------
+    @property
+    def backend(self) -> Backend:
+        """The backend this graph runs on."""
+        return self._backend
+
+    @property
+    def device(self) -> DeviceSpec:
+        """The device this graph captures on and replays on."""
+        return self._device
+
+    @property
+    def state(self) -> str:
+        """One of ``"empty"``, ``"capturing"``, ``"captured"``, ``"instantiated"``."""
+        return self._state
+
+    def __repr__(self) -> str:
+        return f"Graph(device={self._device}, state={self._state})"
+
+    def _refuse(self, what: str, fix: str) -> GraphStateError:
+        return GraphStateError(
+            f"Graph.{what} is not allowed while the graph is {self._state} on {self._device}: {fix}"
+        )
+
+    # -- capture ------------------------------------------------------------------------
+    def capture_begin(self, pool: object | None = None, capture_error_mode: str | None = None) -> None:
+        """Begin capturing on the current stream. Arguments override the constructor's."""
+        if self._state == CAPTURING:
+            raise self._refuse(
+                "capture_begin()", "a capture is already underway; call capture_end() first"
+            )
+        if self._state != EMPTY:
+            raise self._refuse(
+                "capture_begin()",
+                "it already holds a captured graph; call reset() to capture again, or create a new Graph",
+            )
+        mode = _check_mode(capture_error_mode if capture_error_mode is not None else self.capture_error_mode)
+        if pool is not None:
+            handle = self._backend.resolve_pool(pool, self._device)
+        elif self.graph_pool is not None:
+            handle = self.graph_pool
+        else:
+            handle = None
+        if handle is None:
+            handle = self._backend.graph_pool_handle(self._device)
+            handle = PoolHandle(handle.backend, handle.device, (handle.id[1], 0))
+        # The impl raises CaptureError itself for what only it can know (nested capture on this
+        # thread, capture inside torch.compile); the state changes only once it succeeded.
+        self._impl.capture_begin(handle, mode)
+        self._pool = handle
+        self._state = CAPTURING
+
+    def capture_end(self) -> None:
+        """End the capture begun by ``capture_begin``; instantiate unless ``keep_graph``."""
+        if self._state != CAPTURING:
+            raise self._refuse("capture_end()", "call capture_begin() first")
+        try:
+            self._impl.capture_end()
+        except BaseException:
+            self._abort()
+            raise
+        self._state = CAPTURED if self.keep_graph else INSTANTIATED
+
+    def _abort(self) -> None:
+        """Drop a capture that failed half-way: the graph is empty and reusable afterwards."""
+        self._impl.abort_capture()
+        self._state = EMPTY
+        self._pool = None
+
+    # -- replay -------------------------------------------------------------------------
+    def instantiate(self) -> None:
+        """Build the executable graph (only needed with ``keep_graph=True``; replay does it too)."""
+        if self._state not in (CAPTURED, INSTANTIATED):
+            raise self._refuse("instantiate()", "capture a graph first")
+        if self._state == CAPTURED:
+            self._impl.instantiate()
+            self._state = INSTANTIATED
+
+    def replay(self) -> None:
+        """Replay the captured work."""
+        if self._state is not INSTANTIATED:
+            if self._state == CAPTURED:
+                self.instantiate()
+            else:
+                raise self._refuse(
+                    "replay()",
+                    "there is no successful capture to replay; capture first with "
+                    "capture_begin()/capture_end() or `with accel_graph.graph(g): ...`",
+                )
+        self._impl.replay()
+
+    def reset(self) -> None:
+        """Drop the captured graph so this object can capture again. Memory that tensors you
+        still hold point into stays valid."""
+        if self._state == CAPTURING:
+            self._abort()
+            return
+        self._impl.reset()
+        self._state = EMPTY
+        self._pool = None
+
+    def pool(self) -> PoolHandle:
+        """The handle of this graph's pool; pass it as ``pool=`` to share memory with it."""
+        if self._pool is None:
+            raise self._refuse("pool()", "the pool exists only once capture_begin() has run")
+        return self._pool
+
+    # -- debugging and memory -----------------------------------------------------------
+    def enable_debug_mode(self) -> None:
+        """Keep what ``debug_dump`` needs (and, on the recorder, poison capture outputs)."""
+        self._debug = True
+        self._impl.enable_debug_mode()
+
+    def debug_dump(self, path: str) -> None:
+        """Write the captured graph to ``path`` (DOT; the recorder adds ``path + ".json"``)."""
+        if self._state not in (CAPTURED, INSTANTIATED):
+            raise self._refuse("debug_dump()", "capture a graph first")
+        self._impl.debug_dump(str(path))
+
+    def memory_bytes(self) -> int | None:
+        """Bytes this graph's capture added to its pool (None where the backend cannot tell)."""
+        if self._state not in (CAPTURED, INSTANTIATED):
+            raise self._refuse("memory_bytes()", "capture a graph first")
+        return self._impl.memory_bytes()
+
+    def standalone_bytes(self) -> int | None:
+        """Bytes this graph would need in a pool of its own (None where unknown)."""
+        if self._state not in (CAPTURED, INSTANTIATED):
+            raise self._refuse("standalone_bytes()", "capture a graph first")
+        return self._impl.standalone_bytes()
+
+
+
+@contextmanager
+def graph(
+    g: Graph,
+    pool: object | None = None,
+    stream: Any = None,
+    capture_error_mode: str | None = None,
+) -> Iterator[None]:
+    """Capture the body of the ``with`` block into ``g``, like ``torch.cuda.graph``.
+
+    Synchronises the device and empties caches first (as torch does), makes ``stream`` (or the
+    backend's capture stream) current, and calls ``capture_begin``/``capture_end``. If the body
+    raises, the capture is dropped and ``g`` is left empty and reusable.
+    """
+    backend = g.backend
+    backend.prepare_capture(g.device)
+    if stream is None:
+        stream = backend.capture_stream(g.device)
+    with backend.stream_context(stream):
+        g.capture_begin(pool=pool, capture_error_mode=capture_error_mode)
+        try:
+            yield
+        except BaseException:
+            g._abort()
+            raise
+        g.capture_end()
+
+
+def graph_pool_handle(device: torch.device | str | int | None = None) -> PoolHandle:
+    """A new pool handle; graphs captured with ``pool=`` this handle share memory."""
+    backend, dev = select_backend(device)
+    return backend.graph_pool_handle(backend.device_spec(dev))
+
+
+def is_current_stream_capturing(device: torch.device | str | int | None = None) -> bool:
+    """Whether a capture is underway on the current stream of ``device`` (thread, on the recorder)."""
+    backend, dev = select_backend(device)
+    return backend.is_current_stream_capturing(backend.device_spec(dev))
