@@ -1,0 +1,53 @@
+"""Test helpers for code that captures graphs with accel-graph, on any backend.
+
+- :mod:`accel_graph.testing.plugin`: the pytest plugin (``backend_name``/``device`` fixtures
+  over every registered backend, the ``gpu`` marker).
+- :mod:`accel_graph.testing.tolerances`: how replay is compared with eager, per dtype.
+- :func:`capture`: warm up, then capture a function the way real device-graph code does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from .tolerances import (
+    TOLERANCES,
+    Tolerance,
+    assert_bitwise_equal,
+    assert_close_for_dtype,
+    tolerance_for,
+)
+
+__all__ = [
+    "TOLERANCES",
+    "Tolerance",
+    "assert_bitwise_equal",
+    "assert_close_for_dtype",
+    "capture",
+    "synchronize",
+    "tolerance_for",
+]
+
+
+def synchronize(g: Any) -> None:
+    """Wait for all work on the device of graph ``g`` (a no-op on host devices)."""
+    g.backend.synchronize(g.device)
+
+
+def capture(g: Any, fn: Callable[..., Any], *args: Any, warmup: int = 1, **graph_kwargs: Any) -> Any:
+    """Run ``fn(*args)`` eagerly ``warmup`` times, then capture it into ``g`` and return its outputs.
+
+    This is the usual device-graph recipe: warm-up lets libraries pick algorithms and allocate
+    workspaces outside the capture; ``args`` are the static inputs to ``copy_`` fresh data into
+    before each ``g.replay()``; the returned tensors are the static outputs that replay refreshes.
+    ``graph_kwargs`` go to :func:`accel_graph.graph` (``pool=``, ``capture_error_mode=``).
+    """
+    from .. import graph
+
+    for _ in range(warmup):
+        fn(*args)
+    synchronize(g)
+    with graph(g, **graph_kwargs):
+        out = fn(*args)
+    return out

@@ -1,0 +1,296 @@
+"""The recorder backend: CUDA-faithful capture and replay on the CPU and any device.
+
+It records aten ops at the dispatcher during capture (see :mod:`.capture`) and replays them as
+a straight-line program (see :mod:`.program`), with the semantics of a CUDA graph: capture runs
+no kernels, inputs are captured by reference, outputs live in the graph's pool, capture-illegal
+operations fail at the op.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import weakref
+from typing import Any
+
+import torch
+
+from ... import config
+from ...errors import BackendUnavailable, CaptureError, PoolError
+from ..base import Backend, Capabilities, DeviceSpec, GraphImpl, PoolHandle, PoolStats, next_user_pool_id
+from .capture import Capture, InputRecord, Step, _tls, active_capture
+from .pool import RecorderPool
+from .program import allocates_at_replay, build_replay
+
+log = logging.getLogger("accel_graph")
+
+_CAPABILITIES = Capabilities(native_graphs=False, standalone_bytes=True, compile=True)
+
+
+def _in_compiled_frame() -> bool:
+    compiler = getattr(torch, "compiler", None)
+    fn = getattr(compiler, "is_compiling", None)
+    try:
+        return bool(fn()) if fn is not None else False
+    except Exception:  # never let a probe of torch.compile break capture
+        return False
+
+
+class RecorderGraphImpl(GraphImpl):
+    """One recorder graph: a capture, then a compiled straight-line replay program."""
+
+    def __init__(self, backend: RecorderBackend, device: DeviceSpec, *, keep_graph: bool = False,
+                 compile: str | None = None) -> None:
+        super().__init__(device, keep_graph=keep_graph)
+        self._backend = backend
+        self._compile = compile
+        self._capture: Capture | None = None
+        self._pool: RecorderPool | None = None
+        self._handle: PoolHandle | None = None
+        self._steps: list[Step] = []
+        self._inputs: list[InputRecord] = []
+        self._replay_fn: Any = None
+        self._debug = False
+        self.num_ops = 0
+
+    # -- capture ------------------------------------------------------------------------
+    def capture_begin(self, pool: PoolHandle, capture_error_mode: str) -> None:
+        current = active_capture()
+        if current is not None:
+            raise CaptureError(
+                f"a capture is already underway on this thread on {self.device}; end it with "
+                f"capture_end() before beginning another (one capture at a time per stream, as on CUDA)"
+            )
+        if _in_compiled_frame():
+            raise CaptureError(
+                "capture cannot begin inside a torch.compile frame: compiled code is invisible to "
+                "the recorder. Capture outside the compiled function, or use Graph(compile='inductor')"
+            )
+        self._pool = self._backend.pool_for(pool)
+        self._handle = pool
+        self._capture = Capture(
+            self._pool, self.device.torch_device, poison=self._debug or config.poison_outputs()
+        )
+        _tls.capture = self._capture
+        self._capture.mode.__enter__()
+
+    def _leave(self) -> Capture | None:
+        cap = self._capture
+        if cap is not None and active_capture() is cap:
+            _tls.capture = None
+            try:
+                cap.mode.__exit__(None, None, None)
+            except Exception:  # the mode stack was disturbed by user code; nothing to undo
+                log.debug("dispatch mode stack was not as expected at capture end", exc_info=True)
+        return cap
+
+    def capture_end(self) -> None:
+        cap = self._leave()
+        assert cap is not None
+        self._steps = cap.steps
+        self._inputs = list(cap.inputs.values())
+        self.num_ops = len(cap.steps)
+        self._capture = None
+        if self._pool is not None:
+            self._pool.graphs += 1
+        if not self.keep_graph:
+            self.instantiate()
+
+    def abort_capture(self) -> None:
+        self._leave()
+        self._capture = None
+        self._steps, self._inputs = [], []
+        self._pool = None
+        self._handle = None
+
+    # -- replay -------------------------------------------------------------------------
+    def instantiate(self) -> None:
+        if self._replay_fn is None:
+            self._replay_fn = build_replay(self._steps, self._inputs)
+
+    def replay(self) -> None:
+        if torch._C._len_torch_dispatch_stack():
+            # Replay is the captured program, never re-recorded by a mode the caller has open.
+            from torch.utils._python_dispatch import _disable_current_modes
+
+            with _disable_current_modes(), torch._C._InferenceMode(True):
+                self._replay_fn()
+            return
+        with torch._C._InferenceMode(True):
+            self._replay_fn()
+
+    def reset(self) -> None:
+        if self._pool is not None and self._steps is not None:
+            self._pool.graphs = max(0, self._pool.graphs - 1)
+        self._steps, self._inputs = [], []
+        self._replay_fn = None
+        self._pool = None
+        self._handle = None
+        self.num_ops = 0
+
+    # -- debugging ------------------------------------------------------------------------
+    def enable_debug_mode(self) -> None:
+        self._debug = True
+
+    def describe(self) -> dict[str, Any]:
+        """JSON-ready description of the program: ops, inputs, outputs, what allocates and why."""
+        ids: dict[int, str] = {}
+
+        def tname(t: torch.Tensor, prefix: str) -> str:
+            key = id(t)
+            if key not in ids:
+                ids[key] = f"{prefix}{len(ids)}"
+            return ids[key]
+
+        inputs = []
+        for i, rec in enumerate(self._inputs):
+            inputs.append({"name": tname(rec.tensor, "in"), "index": i, "shape": list(rec.shape),
+                           "stride": list(rec.stride), "dtype": str(rec.tensor.dtype)})
+        ops = []
+        for n, s in enumerate(self._steps):
+            arg_names = []
+            for a in torch.utils._pytree.tree_flatten((s.args, s.kwargs))[0]:
+                if isinstance(a, torch.Tensor):
+                    arg_names.append(ids.get(id(a), "view"))
+            outs = [tname(o, "t") for o in s.outputs]
+            ops.append({
+                "index": n, "op": str(s.func), "kind": s.kind, "inputs": arg_names, "outputs": outs,
+                "replay_op": str(s.strategy.op) if s.strategy and s.strategy.op else str(s.func),
+                "allocates_at_replay": allocates_at_replay(s),
+                "why": s.strategy.why if s.strategy else "in-place or out= op replayed as called",
+            })
+        stats = self._pool.stats() if self._pool is not None else None
+        return {
+            "device": str(self.device), "backend": "recorder", "num_ops": len(self._steps),
+            "inputs": inputs, "ops": ops,
+            "pool": stats.as_dict() if stats else None,
+            "pool_id": list(self._handle.id) if self._handle else None,
+        }
+
+    def debug_dump(self, path: str) -> None:
+        desc = self.describe()
+        lines = ["digraph accel_graph {", "  rankdir=TB;"]
+        for inp in desc["inputs"]:
+            lines.append(f'  "{inp["name"]}" [shape=box,label="{inp["name"]}\\n{inp["shape"]}"];')
+        for op in desc["ops"]:
+            node = f"op{op['index']}"
+            color = ',color=red' if op["allocates_at_replay"] else ''
+            lines.append(f'  {node} [label="{op["op"]}\\n({op["kind"]})"{color}];')
+            for a in op["inputs"]:
+                if a != "view":
+                    lines.append(f'  "{a}" -> {node};')
+            for o in op["outputs"]:
+                lines.append(f'  {node} -> "{o}";')
+        lines.append("}")
+        with open(path, "w") as f:
+            f.write("\n".join(lines) + "\n")
+        with open(path + ".json", "w") as f:
+            json.dump(desc, f, indent=1)
+
+
+class RecorderBackend(Backend):
+    """Dispatcher-level record and replay; usable on every machine with torch."""
+
+    name = "recorder"
+    aliases = ("cpu", "record")
+    device_types = ("*",)
+    priority = -100
+
+    def __init__(self) -> None:
+        self._pools: weakref.WeakValueDictionary[tuple, RecorderPool] = weakref.WeakValueDictionary()
+        self._handles: dict[tuple[int, int], PoolHandle] = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def probe(cls) -> str | None:
+        return None if hasattr(torch.utils, "_python_dispatch") else "torch lacks TorchDispatchMode"
+
+    def capabilities(self) -> Capabilities:
+        return _CAPABILITIES
+
+    def default_device(self) -> torch.device:
+        return torch.device("cpu")
+
+    def device_spec(self, device: torch.device) -> DeviceSpec:
+        dev = torch.device(device)
+        if dev.type == "meta":
+            raise BackendUnavailable("the recorder cannot capture on the meta device: it has no memory to replay into")
+        if dev.type != "cpu" and dev.index is None:
+            dev = torch.device(dev.type, _current_index(dev.type))
+        if dev.type != "cpu":
+            count = _device_count(dev.type)
+            if count is not None and (dev.index is None or dev.index >= count):
+                raise BackendUnavailable(
+                    f"device {dev} does not exist: this host has {count} {dev.type} device(s)"
+                )
+        return DeviceSpec("recorder", dev.type, None if dev.type == "cpu" else dev.index)
+
+    def new_graph(self, device: DeviceSpec, *, keep_graph: bool, **options: Any) -> GraphImpl:
+        return RecorderGraphImpl(self, device, keep_graph=keep_graph, compile=options.get("compile"))
+
+    def graph_pool_handle(self, device: DeviceSpec) -> PoolHandle:
+        handle = PoolHandle("recorder", device, next_user_pool_id())
+        with self._lock:
+            self._handles[handle.id] = handle
+        return handle
+
+    def resolve_pool(self, pool: object, device: DeviceSpec) -> PoolHandle:
+        if isinstance(pool, PoolHandle):
+            if pool.backend != "recorder":
+                raise PoolError(
+                    f"pool handle {pool} belongs to the {pool.backend} backend, not the recorder; "
+                    f"create one with accel_graph.graph_pool_handle(device={device.torch_device!s})"
+                )
+            if pool.device != device:
+                raise PoolError(
+                    f"pool handle {pool} belongs to {pool.device}, but this graph captures on "
+                    f"{device}; pools are per device, create one for this device"
+                )
+            if pool.id not in self._handles and pool.id not in self._pools:
+                raise PoolError(f"pool handle {pool} belongs to no pool of this process")
+            return pool
+        raise PoolError(
+            f"pool={pool!r} is not an accel_graph pool handle; the recorder accepts only handles "
+            f"from accel_graph.graph_pool_handle() or Graph.pool() (torch's handles and MemPool "
+            f"ids belong to native backends)"
+        )
+
+    def pool_for(self, handle: PoolHandle) -> RecorderPool:
+        """The pool object behind ``handle``, created on first use and kept alive by its graphs."""
+        with self._lock:
+            pool = self._pools.get(handle.id)
+            if pool is None:
+                pool = RecorderPool(handle.device.torch_device)
+                self._pools[handle.id] = pool
+                self._handles.setdefault(handle.id, handle)
+            return pool
+
+    def pool_stats(self, pool: PoolHandle) -> PoolStats | None:
+        p = self._pools.get(pool.id)
+        return p.stats() if p is not None else None
+
+    def is_current_stream_capturing(self, device: DeviceSpec) -> bool:
+        cap = active_capture()
+        return cap is not None
+
+    def current_stream(self, device: DeviceSpec) -> Any:
+        return None
+
+
+def _current_index(device_type: str) -> int:
+    mod = getattr(torch, device_type, None)
+    fn = getattr(mod, "current_device", None)
+    try:
+        return int(fn()) if fn is not None else 0
+    except Exception:
+        return 0
+
+
+def _device_count(device_type: str) -> int | None:
+    mod = getattr(torch, device_type, None)
+    fn = getattr(mod, "device_count", None)
+    try:
+        return int(fn()) if fn is not None else None
+    except Exception:
+        return None

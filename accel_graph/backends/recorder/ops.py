@@ -1,0 +1,256 @@
+"""Classifying aten ops for the recorder: what capture must refuse, and how each op replays.
+
+Everything here is decided once per (op, argument kinds) and cached, so capture pays the schema
+walk once per distinct op and replay pays nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch._ops import OpOverload
+
+aten = torch.ops.aten
+
+# --------------------------------------------------------------------------------------------
+# Capture-illegal operations
+# --------------------------------------------------------------------------------------------
+
+_HOST_READ_FIX = (
+    "it reads a tensor value on the host, which a device graph cannot do. Keep the value on "
+    "the device (torch.where, masks, clamp) instead of branching in Python, or move the read "
+    "out of the captured region"
+)
+
+#: Ops refused by name, with the fix to suggest. Keys are overload-packet names.
+ILLEGAL_OPS: dict[str, str] = {
+    "_local_scalar_dense": "(.item(), bool(tensor), int(tensor), float(tensor), `if tensor:`) "
+    + _HOST_READ_FIX,
+    "is_nonzero": "(bool(tensor) / `if tensor:`) " + _HOST_READ_FIX,
+    "equal": "returns a Python bool (a host sync); use torch.eq(a, b).all() and keep it a tensor",
+    "allclose": "returns a Python bool (a host sync); use torch.isclose(a, b).all() and keep it a tensor",
+    "nonzero": "its output shape depends on the data; use torch.nonzero_static(x, size=N) or a mask",
+    "argwhere": "its output shape depends on the data; use torch.nonzero_static or a mask",
+    "masked_select": "its output shape depends on the data; use torch.where(mask, x, 0) instead",
+    "_unique": "its output shape depends on the data; compute unique values outside the capture",
+    "_unique2": "its output shape depends on the data; compute unique values outside the capture",
+    "unique_dim": "its output shape depends on the data; compute unique values outside the capture",
+    "unique_consecutive": "its output shape depends on the data; compute it outside the capture",
+    "unique_dim_consecutive": "its output shape depends on the data; compute it outside the capture",
+    "bincount": "its output length depends on the largest value; scatter_add_/index_add_ into a "
+    "tensor of fixed size instead",
+    "_assert_async": "asserts read device values on the host; check the condition after replay",
+    "_assert_scalar": "asserts read device values on the host; check the condition after replay",
+    "item": "(.item()) " + _HOST_READ_FIX,
+}
+
+_MASK_FIX = (
+    "boolean-mask indexing has a data-dependent shape (it syncs with the host); use "
+    "torch.where(mask, value, x) or integer index tensors, which capture fine"
+)
+
+#: Non-tensor results that are pure metadata and safe to compute at capture.
+METADATA_OPS: frozenset[str] = frozenset(
+    {"sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "is_same_size",
+     "_has_compatible_shallow_copy_type", "size", "stride", "dim", "numel", "is_contiguous",
+     "_nested_tensor_size", "is_complex", "is_floating_point", "_debug_has_internal_overlap",
+     "is_set_to", "_is_zerotensor", "is_conj", "is_neg"}
+)
+
+
+def _returns_host_value(func: OpOverload) -> bool:
+    """Whether the op returns a Python value (number, bool) rather than tensors."""
+    for ret in func._schema.returns:
+        kind = str(ret.type)
+        if "Tensor" not in kind:
+            return True
+    return False
+
+
+def _is_mask(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and t.dtype in (torch.bool, torch.uint8)
+
+
+def illegal_reason(func: OpOverload, args: tuple, kwargs: dict) -> str | None:
+    """Why capturing ``func`` with these arguments is illegal, or None when it is legal."""
+    name = func.overloadpacket.__name__
+    if name in ILLEGAL_OPS:
+        return ILLEGAL_OPS[name]
+    if name == "repeat_interleave":
+        repeats = args[0] if func._overloadname == "Tensor" else (args[1] if len(args) > 1 else None)
+        if isinstance(repeats, torch.Tensor) and kwargs.get("output_size") is None:
+            size_arg = [a for a in func._schema.arguments if a.name == "output_size"]
+            pos = func._schema.arguments.index(size_arg[0]) if size_arg else None
+            if pos is None or len(args) <= pos or args[pos] is None:
+                return (
+                    "a tensor of repeat counts makes the output shape depend on the data; pass "
+                    "output_size=... or repeat by a Python int"
+                )
+    if name in ("index", "index_put", "index_put_", "_index_put_impl_", "_unsafe_index",
+                "_unsafe_index_put"):
+        indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
+        if any(_is_mask(i) for i in (indices or ())):
+            return _MASK_FIX
+        # Integer-tensor indexing is legal under CUDA capture (its shape is the index's shape),
+        # even though the op carries the dynamic_output_shape tag for the boolean case.
+        return None
+    tags = func.tags
+    if torch.Tag.dynamic_output_shape in tags:
+        return "its output shape depends on the data, which a device graph cannot capture"
+    if torch.Tag.data_dependent_output in tags or (
+        _returns_host_value(func) and name not in METADATA_OPS
+    ):
+        return "it returns a value computed on the host (a device sync); " + _HOST_READ_FIX
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# Replay strategies
+# --------------------------------------------------------------------------------------------
+
+#: Factory ops whose output replays as a fill of the captured memory (value from the args).
+_FILL_FACTORIES: dict[str, Any] = {
+    "zeros": 0, "zeros_like": 0, "new_zeros": 0,
+    "ones": 1, "ones_like": 1, "new_ones": 1,
+}
+_FULL_FACTORIES = {"full": 1, "full_like": 1, "new_full": 2, "scalar_tensor": 0}
+#: Ops that allocate without writing: replay does nothing (contents undefined, as on CUDA).
+EMPTY_FACTORIES: frozenset[str] = frozenset(
+    {"empty", "empty_like", "new_empty", "new_empty_strided", "empty_strided", "empty_permuted"}
+)
+#: Random factories: the in-place form draws the same numbers as eager from the same state.
+_RANDOM_FACTORIES: dict[str, str] = {
+    "randn": "normal", "randn_like": "normal",
+    "rand": "uniform", "rand_like": "uniform",
+    "randint": "random", "randint_like": "random",
+}
+#: Casts and copies: replay is ``out.copy_(src)``, which matches eager bit for bit.
+COPY_OPS: frozenset[str] = frozenset(
+    {"_to_copy", "clone", "lift_fresh_copy", "_copy", "copy", "contiguous", "alias_copy",
+     "detach_copy", "_to_dense"}
+)
+
+_FACTORY_KWARGS = ("dtype", "layout", "device", "pin_memory", "memory_format", "requires_grad")
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """How a functional op replays into its captured outputs.
+
+    kind:
+      ``out``       call ``op`` (an ``.out`` overload) with the captured outputs as out= kwargs
+      ``fill``      ``out.fill_(value)`` (``zero_`` for 0)
+      ``random``    ``out.normal_()/uniform_()/random_()`` from the default or given generator
+      ``copy``      ``out.copy_(src)`` (casts, clones)
+      ``none``      nothing to do at replay (``empty``)
+      ``compute``   call the functional op and copy its results into the outputs (allocates)
+    """
+
+    kind: str
+    op: OpOverload | None = None
+    out_names: tuple[str, ...] = ()
+    why: str = ""
+
+
+def _arg_signature(schema: torch.FunctionSchema) -> list[tuple[str, str]]:
+    return [(a.name, str(a.type)) for a in schema.arguments if not a.is_out]
+
+
+def _number_args(func: OpOverload, args: tuple, kwargs: dict) -> frozenset[str]:
+    """Names of Tensor-typed arguments that were given a Python number."""
+    names = set()
+    for i, a in enumerate(func._schema.arguments):
+        value = args[i] if i < len(args) else kwargs.get(a.name)
+        if "Tensor" in str(a.type) and isinstance(value, (int, float, bool, complex)):
+            names.add(a.name)
+    return frozenset(names)
+
+
+@functools.lru_cache(maxsize=4096)
+def find_out_overload(func: OpOverload, number_args: frozenset[str] = frozenset()):
+    """The ``.out`` overload whose non-out arguments match ``func``'s by name and type.
+
+    A Tensor argument that was given a Python number may match a Scalar argument, so
+    ``mul.Tensor(x, 2.0)`` replays through ``mul.Scalar_out`` (the Tensor overload would wrap
+    the number in a fresh tensor on every call). Never the first out-tagged overload: for
+    ``sum.default`` that would be ``sum.IntList_out``.
+    """
+    want = _arg_signature(func._schema)
+    packet = func.overloadpacket
+    exact, scalar = None, None
+    for name in packet.overloads():
+        cand = getattr(packet, name)
+        if torch.Tag.out not in cand.tags and not any(a.is_out for a in cand._schema.arguments):
+            continue
+        sig = _arg_signature(cand._schema)
+        if len(sig) != len(want):
+            continue
+        if sig == want:
+            exact = cand
+        elif number_args and all(
+            w == s or (w[0] == s[0] and w[0] in number_args and s[1] == "Scalar")
+            for w, s in zip(want, sig)
+        ):
+            scalar = cand
+    return scalar or exact
+
+
+def out_names(op: OpOverload) -> tuple[str, ...]:
+    return tuple(a.name for a in op._schema.arguments if a.is_out)
+
+
+def choose_strategy(func: OpOverload, args: tuple, kwargs: dict) -> Strategy:
+    """Pick the replay strategy of a functional op (not a view, not in-place)."""
+    name = func.overloadpacket.__name__
+    if name in EMPTY_FACTORIES:
+        return Strategy("none", why="allocates without writing (contents undefined, as on CUDA)")
+    if name in _FILL_FACTORIES:
+        return Strategy("fill", why=f"factory replayed as fill_({_FILL_FACTORIES[name]})")
+    if name in _FULL_FACTORIES:
+        return Strategy("fill", why="factory replayed as fill_(value)")
+    if name in _RANDOM_FACTORIES:
+        return Strategy("random", why=f"random factory replayed as {_RANDOM_FACTORIES[name]}_()")
+    if name in COPY_OPS:
+        return Strategy("copy", why="cast/copy replayed as copy_()")
+    out = find_out_overload(func, _number_args(func, args, kwargs))
+    if out is not None:
+        return Strategy("out", op=out, out_names=out_names(out), why=f"replays through {out}")
+    return Strategy("compute", why=f"{func} has no .out, in-place, fill or copy form; "
+                    "replay computes it and copies into the captured memory (allocates)")
+
+
+def fill_value(func: OpOverload, args: tuple, kwargs: dict) -> Any:
+    """The value a fill-replayed factory writes."""
+    name = func.overloadpacket.__name__
+    if name in _FILL_FACTORIES:
+        return _FILL_FACTORIES[name]
+    pos = _FULL_FACTORIES[name]
+    if name == "scalar_tensor":
+        return args[0] if args else kwargs["s"]
+    return args[pos] if len(args) > pos else kwargs["fill_value"]
+
+
+def random_call(func: OpOverload, args: tuple, kwargs: dict) -> tuple[str, tuple, dict]:
+    """The in-place method and arguments that draw what a random factory draws."""
+    name = func.overloadpacket.__name__
+    kind = _RANDOM_FACTORIES[name]
+    gen = kwargs.get("generator")
+    extra: dict[str, Any] = {} if gen is None else {"generator": gen}
+    if kind == "normal":
+        return "normal_", (0.0, 1.0), extra
+    if kind == "uniform":
+        return "uniform_", (0.0, 1.0), extra
+    # randint(high, size) / randint(low, high, size) / randint_like(self, high) / (self, low, high)
+    ints = [a for a in args if isinstance(a, int) and not isinstance(a, bool)]
+    if name == "randint":
+        bounds = (0, args[0]) if func._overloadname in ("default", "generator") else (args[0], args[1])
+    else:
+        bounds = (0, ints[0]) if len(ints) == 1 else (ints[0], ints[1])
+    return "random_", bounds, extra
+
+
+def is_factory_kwarg(name: str) -> bool:
+    return name in _FACTORY_KWARGS

@@ -1,0 +1,135 @@
+"""Replay: the recorded steps turned into one straight-line Python function.
+
+Every operation becomes a direct call of a pre-bound aten kernel with pre-bound arguments (no
+loop, no tuple unpacking, no dispatch mode), preceded by a cheap check that each input still
+has the storage, shape and stride it had at capture. Functional ops write into their captured
+outputs through ``.out`` overloads, fills, in-place random draws or ``copy_``; only ops without
+any such form allocate (and the debug dump says which).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ...errors import ReplayError
+from .capture import InputRecord, Step
+
+aten = torch.ops.aten
+
+_ZERO = aten.zero_.default._op
+_FILL = aten.fill_.Scalar._op
+_COPY = aten.copy_.default._op
+_RANDOM = {
+    "normal_": aten.normal_.default._op,
+    "uniform_": aten.uniform_.default._op,
+    "random_": getattr(aten.random_, "from")._op,
+}
+
+
+class _Emitter:
+    """Collects generated source lines and the objects they refer to by name."""
+
+    def __init__(self) -> None:
+        self.ns: dict[str, Any] = {}
+        self.lines: list[str] = []
+        self._n = 0
+
+    def bind(self, obj: Any) -> str:
+        name = f"v{self._n}"
+        self._n += 1
+        self.ns[name] = obj
+        return name
+
+    def call(self, fn: Any, args: tuple, kwargs: dict, target: str | None = None) -> str:
+        parts = [self.bind(a) for a in args]
+        parts += [f"{k}={self.bind(v)}" for k, v in kwargs.items()]
+        expr = f"{self.bind(fn)}({', '.join(parts)})"
+        self.lines.append(f"    {target} = {expr}" if target else f"    {expr}")
+        return expr
+
+
+def allocates_at_replay(step: Step) -> bool:
+    return step.kind == "compute"
+
+
+def build_replay(steps: list[Step], inputs: list[InputRecord]) -> Callable[[], None]:
+    """Compile ``steps`` into a function that replays them; see the module docstring."""
+    em = _Emitter()
+    em.ns["_stale"] = _stale_raiser(inputs)
+    for i, rec in enumerate(inputs):
+        x = em.bind(rec.tensor)
+        shape, stride = em.bind(rec.shape), em.bind(rec.stride)
+        em.lines.append(
+            f"    if {x}.data_ptr() != {rec.data_ptr} or {x}.shape != {shape} "
+            f"or {x}.stride() != {stride}: _stale({i})"
+        )
+    for step in steps:
+        _emit_step(em, step)
+    body = "\n".join(em.lines) or "    pass"
+    src = f"def replay():\n{body}\n"
+    code = compile(src, "<accel_graph recorder replay>", "exec")
+    exec(code, em.ns)  # the namespace holds only objects bound above; no user text is compiled
+    fn = em.ns["replay"]
+    fn.__accel_graph_source__ = src
+    return fn
+
+
+def _emit_step(em: _Emitter, step: Step) -> None:
+    kind = step.kind
+    if kind == "mutate":
+        em.call(step.func._op, step.args, step.kwargs)
+    elif kind == "out":
+        strategy = step.strategy
+        assert strategy is not None and strategy.op is not None
+        kwargs = dict(step.kwargs)
+        names = strategy.out_names
+        if len(names) == 1:
+            kwargs[names[0]] = step.outputs[0] if len(step.outputs) == 1 else list(step.outputs)
+        else:
+            kwargs.update(zip(names, step.outputs))
+        em.call(strategy.op._op, step.args, kwargs)
+    elif kind == "fill":
+        for out in step.outputs:
+            if isinstance(step.extra, (int, float)) and not isinstance(step.extra, bool) and step.extra == 0:
+                em.call(_ZERO, (out,), {})
+            else:
+                em.call(_FILL, (out, step.extra), {})
+    elif kind == "random":
+        method, args, kwargs = step.extra
+        for out in step.outputs:
+            em.call(_RANDOM[method], (out, *args), kwargs)
+    elif kind == "copy":
+        em.call(_COPY, (step.outputs[0], step.extra), {})
+    elif kind == "compute":
+        em.call(step.func._op, step.args, step.kwargs, target="r")
+        if len(step.outputs) == 1 and not isinstance(step.func._schema.returns[0].type, torch.ListType):
+            em.lines.append(f"    {em.bind(_COPY)}({em.bind(step.outputs[0])}, r)")
+        else:
+            em.lines.append("    r = [x for x in (r if isinstance(r, (list, tuple)) else (r,)) "
+                            "if isinstance(x, _Tensor)]")
+            em.ns["_Tensor"] = torch.Tensor
+            for i, out in enumerate(step.outputs):
+                em.lines.append(f"    {em.bind(_COPY)}({em.bind(out)}, r[{i}])")
+    elif kind == "none":
+        return
+    else:  # pragma: no cover - a kind added to ops.Strategy must be handled here
+        raise AssertionError(f"unknown step kind {kind}")
+
+
+def _stale_raiser(inputs: list[InputRecord]) -> Callable[[int], None]:
+    def stale(i: int) -> None:
+        rec = inputs[i]
+        t = rec.tensor
+        raise ReplayError(
+            f"input {i} of the graph ({rec.name or 'a tensor captured by reference'}, captured with "
+            f"shape {tuple(rec.shape)}, stride {rec.stride}, data_ptr {rec.data_ptr:#x}) now has "
+            f"shape {tuple(t.shape)}, stride {t.stride()}, data_ptr {t.data_ptr():#x}: it was "
+            f"resized or re-pointed after capture, so replay would read or write stale memory. "
+            f"Copy new data into the captured tensor with .copy_() instead of replacing or "
+            f"resizing it, or reset() and capture again."
+        )
+
+    return stale

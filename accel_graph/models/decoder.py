@@ -1,0 +1,234 @@
+"""A small decoder-only transformer with a static KV cache, built to be captured as a graph.
+
+The model is bundled so the benchmark and the demo need no download: weights come from a fixed
+seed through a local ``torch.Generator`` (the global RNG is never touched), so two builds with
+the same :class:`DecoderConfig` are bitwise identical.
+
+Capture-friendliness is the point of the design. :meth:`Decoder.decode_step` has static shapes
+for a given batch size, reads positions only through int64 index tensors (``index_select``,
+``index_put_``), builds its causal mask over the whole cache with tensor ops, and never calls
+``.item()`` or branches on tensor values, so every aten op it issues is legal under CUDA graph
+capture and under the recorder backend. Python floats (RMSNorm epsilon, attention scale, -inf)
+are scalars, never tensors created per step.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = ["Decoder", "DecoderConfig", "greedy_generate"]
+
+
+@dataclass(frozen=True)
+class DecoderConfig:
+    """Sizes of the bundled decoder. The defaults make one batch-1 decode step take well under a
+    millisecond eager on one CPU thread, so the benchmark measures launch/dispatch overhead."""
+
+    vocab_size: int = 512
+    dim: int = 128
+    n_layers: int = 2
+    n_heads: int = 4
+    mlp_hidden: int = 384
+    max_seq: int = 128
+    max_batch: int = 8
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    init_std: float = 0.02
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.dim % self.n_heads:
+            raise ValueError(f"dim={self.dim} must be divisible by n_heads={self.n_heads}")
+        if (self.dim // self.n_heads) % 2:
+            raise ValueError(f"head_dim={self.dim // self.n_heads} must be even for rotary embeddings")
+        for name in ("vocab_size", "dim", "n_layers", "n_heads", "mlp_hidden", "max_seq", "max_batch"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+    def as_dict(self) -> dict[str, int | float]:
+        return asdict(self)
+
+
+def _rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """RMSNorm over the last dimension; ``eps`` is a Python float (a scalar, not a tensor)."""
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotary embedding, half-split convention: x is [B, H, D], cos/sin are [B, 1, D/2]."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+class _Layer(nn.Module):
+    """One pre-norm block: RMSNorm, attention over this layer's KV cache, RMSNorm, gated MLP."""
+
+    def __init__(self, cfg: DecoderConfig, gen: torch.Generator) -> None:
+        super().__init__()
+        d, h, std = cfg.dim, cfg.mlp_hidden, cfg.init_std
+        out_std = std / math.sqrt(2 * cfg.n_layers)
+        self.eps = float(cfg.norm_eps)
+        self.n_heads = cfg.n_heads
+        self.head_dim = cfg.head_dim
+        self.scale = 1.0 / math.sqrt(cfg.head_dim)
+        self.attn_norm = nn.Parameter(torch.ones(d))
+        self.wqkv = nn.Parameter(torch.randn(3 * d, d, generator=gen) * std)
+        self.wo = nn.Parameter(torch.randn(d, d, generator=gen) * out_std)
+        self.mlp_norm = nn.Parameter(torch.ones(d))
+        self.w_gate_up = nn.Parameter(torch.randn(2 * h, d, generator=gen) * std)
+        self.w_down = nn.Parameter(torch.randn(d, h, generator=gen) * out_std)
+        cache_shape = (cfg.max_batch, cfg.n_heads, cfg.max_seq, cfg.head_dim)
+        self.register_buffer("k_cache", torch.zeros(cache_shape), persistent=False)
+        self.register_buffer("v_cache", torch.zeros(cache_shape), persistent=False)
+
+    def forward(
+        self, x: Tensor, cos: Tensor, sin: Tensor, rows: Tensor, positions: Tensor, masked: Tensor
+    ) -> Tensor:
+        b = x.shape[0]
+        q, k, v = F.linear(_rms_norm(x, self.attn_norm, self.eps), self.wqkv).view(
+            b, 3, self.n_heads, self.head_dim
+        ).unbind(1)
+        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        k_cache, v_cache = self.k_cache[:b], self.v_cache[:b]
+        # In-place write of this step's key/value at (row, :, position[row]); the indices are
+        # int64 tensors, so the write is a static-shape index_put_ (legal under capture).
+        k_cache[rows, :, positions] = k
+        v_cache[rows, :, positions] = v
+        scores = torch.matmul(q.unsqueeze(2), k_cache.transpose(-1, -2)) * self.scale
+        probs = torch.softmax(scores.masked_fill(masked, float("-inf")), dim=-1)
+        attn = torch.matmul(probs, v_cache).reshape(b, -1)
+        x = x + F.linear(attn, self.wo)
+        gate, up = F.linear(_rms_norm(x, self.mlp_norm, self.eps), self.w_gate_up).chunk(2, dim=-1)
+        return x + F.linear(F.silu(gate) * up, self.w_down)
+
+
+class Decoder(nn.Module):
+    """Token embedding, ``n_layers`` blocks, final RMSNorm and LM head, with a static KV cache.
+
+    The KV cache of each layer is a buffer of shape ``[max_batch, n_heads, max_seq, head_dim]``
+    (float32, zero-initialised). A decode step at batch ``B`` uses rows ``0..B-1`` of it. All
+    parameters have ``requires_grad=False``: this is an inference model.
+    """
+
+    def __init__(self, config: DecoderConfig | None = None) -> None:
+        super().__init__()
+        cfg = config or DecoderConfig()
+        self.config = cfg
+        gen = torch.Generator(device="cpu").manual_seed(cfg.seed)
+        self.tok_emb = nn.Parameter(torch.randn(cfg.vocab_size, cfg.dim, generator=gen) * cfg.init_std)
+        self.layers = nn.ModuleList(_Layer(cfg, gen) for _ in range(cfg.n_layers))
+        self.final_norm = nn.Parameter(torch.ones(cfg.dim))
+        self.lm_head = nn.Parameter(torch.randn(cfg.vocab_size, cfg.dim, generator=gen) * cfg.init_std)
+        self.eps = float(cfg.norm_eps)
+        half = cfg.head_dim // 2
+        inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(half, dtype=torch.float64) / half))
+        angles = torch.outer(torch.arange(cfg.max_seq, dtype=torch.float64), inv_freq)
+        self.register_buffer("rope_cos", angles.cos().float(), persistent=False)
+        self.register_buffer("rope_sin", angles.sin().float(), persistent=False)
+        self.register_buffer("key_positions", torch.arange(cfg.max_seq), persistent=False)
+        self.register_buffer("row_index", torch.arange(cfg.max_batch), persistent=False)
+        self.requires_grad_(False)
+        self.eval()
+
+    def decode_step(self, tokens: Tensor, positions: Tensor) -> Tensor:
+        """One decode step for ``B`` sequences: returns logits ``[B, vocab_size]`` (float32).
+
+        ``tokens`` and ``positions`` are int64 tensors of shape ``[B]`` with ``B <= max_batch``;
+        row ``i`` is sequence ``i``, at position ``positions[i]`` (which must be ``< max_seq``;
+        the value is not checked, as that would need a host sync). The step writes this token's
+        key and value into every layer's cache at ``[i, :, positions[i], :]`` in place and
+        attends over cache entries ``0..positions[i]``; nothing else in the cache changes. Only
+        shapes and dtypes are validated, so the step is capturable.
+        """
+        cfg = self.config
+        if tokens.dim() != 1 or positions.shape != tokens.shape:
+            raise ValueError(
+                f"decode_step wants tokens and positions of shape [B], got {tuple(tokens.shape)} "
+                f"and {tuple(positions.shape)}"
+            )
+        if tokens.dtype != torch.int64 or positions.dtype != torch.int64:
+            raise ValueError(
+                f"decode_step wants int64 tokens and positions, got {tokens.dtype} and {positions.dtype}"
+            )
+        b = tokens.shape[0]
+        if not 1 <= b <= cfg.max_batch:
+            raise ValueError(f"batch {b} is outside 1..max_batch={cfg.max_batch}")
+        x = F.embedding(tokens, self.tok_emb)
+        cos = self.rope_cos.index_select(0, positions).unsqueeze(1)
+        sin = self.rope_sin.index_select(0, positions).unsqueeze(1)
+        # Causal mask over the whole static cache: key j is hidden from row i when j > pos[i].
+        masked = (self.key_positions.unsqueeze(0) > positions.unsqueeze(1)).view(b, 1, 1, cfg.max_seq)
+        rows = self.row_index[:b]
+        for layer in self.layers:
+            x = layer(x, cos, sin, rows, positions, masked)
+        return F.linear(_rms_norm(x, self.final_norm, self.eps), self.lm_head)
+
+    def forward(self, tokens: Tensor, positions: Tensor) -> Tensor:
+        """Same as :meth:`decode_step`."""
+        return self.decode_step(tokens, positions)
+
+    @torch.no_grad()
+    def reset_cache(self) -> None:
+        """Zero every layer's KV cache in place (the cache tensors keep their storage)."""
+        for layer in self.layers:
+            layer.k_cache.zero_()
+            layer.v_cache.zero_()
+
+    def prefill(self, tokens: Tensor) -> Tensor:
+        """Feed ``tokens [B, T]`` at positions ``0..T-1`` one step at a time; returns the logits
+        of the last step ``[B, vocab_size]``. Uses :meth:`decode_step`, so it fills the same
+        cache a captured decode step reads."""
+        if tokens.dim() != 2 or tokens.shape[1] < 1:
+            raise ValueError(f"prefill wants tokens of shape [B, T] with T >= 1, got {tuple(tokens.shape)}")
+        logits = None
+        for t in range(tokens.shape[1]):
+            pos = torch.full((tokens.shape[0],), t, dtype=torch.int64, device=tokens.device)
+            logits = self.decode_step(tokens[:, t].contiguous(), pos)
+        assert logits is not None
+        return logits
+
+    def num_parameters(self) -> int:
+        """Number of parameter elements (buffers such as the KV cache are not counted)."""
+        return sum(p.numel() for p in self.parameters())
+
+
+StepFn = Callable[[Tensor, Tensor], Tensor]
+
+
+def greedy_generate(
+    model: Decoder, prompt: Tensor, max_new_tokens: int, step: StepFn | None = None
+) -> Tensor:
+    """Greedy decoding: returns ``[B, T + max_new_tokens]`` (the prompt, then new tokens).
+
+    ``prompt`` is int64 ``[B, T]``. Every token, prompt included, goes through ``step(tokens,
+    positions) -> logits`` (default: ``model.decode_step``), so a caller can pass a function that
+    copies into static inputs and replays a captured graph. The cache is reset first. The next
+    token is chosen on the device with ``argmax``; nothing is read back to the host.
+    """
+    cfg = model.config
+    if prompt.dim() != 2 or prompt.shape[1] < 1 or prompt.dtype != torch.int64:
+        raise ValueError(f"prompt must be int64 [B, T] with T >= 1, got {prompt.dtype} {tuple(prompt.shape)}")
+    b, t = prompt.shape
+    if t + max_new_tokens > cfg.max_seq:
+        raise ValueError(f"prompt length {t} + {max_new_tokens} new tokens exceeds max_seq={cfg.max_seq}")
+    step = step or model.decode_step
+    model.reset_cache()
+    out = [prompt[:, i] for i in range(t)]
+    with torch.inference_mode():
+        logits = None
+        for i in range(t + max_new_tokens - 1):
+            pos = torch.full((b,), i, dtype=torch.int64, device=prompt.device)
+            logits = step(out[i].contiguous(), pos)
+            if i >= t - 1:
+                out.append(logits.argmax(dim=-1))
+    return torch.stack(out, dim=1)
