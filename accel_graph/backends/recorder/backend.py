@@ -19,9 +19,10 @@ import torch
 from ... import config
 from ...errors import BackendUnavailable, CaptureError, PoolError
 from ..base import Backend, Capabilities, DeviceSpec, GraphImpl, PoolHandle, PoolStats, next_user_pool_id
+from .arena import simulate_peak
 from .capture import Capture, InputRecord, Step, _tls, active_capture
-from .pool import RecorderPool
-from .program import allocates_at_replay, build_replay
+from .pool import PoolRef, RecorderPool
+from .program import allocates_at_replay, build_replay, materialize, segments_used
 
 log = logging.getLogger("accel_graph")
 
@@ -52,7 +53,20 @@ class RecorderGraphImpl(GraphImpl):
         self._inputs: list[InputRecord] = []
         self._replay_fn: Any = None
         self._debug = False
+        self._release: weakref.finalize | None = None
+        self._outputs: list[PoolRef] = []
+        self._memory = 0
+        self._standalone = 0
+        self._allocations = 0
         self.num_ops = 0
+
+    def memory_bytes(self) -> int:
+        """Bytes this capture added to the pool (reserved growth during the capture)."""
+        return self._memory
+
+    def standalone_bytes(self) -> int:
+        """Peak reserved bytes of this capture's own allocation sequence on an empty pool."""
+        return self._standalone
 
     # -- capture ------------------------------------------------------------------------
     def capture_begin(self, pool: PoolHandle, capture_error_mode: str) -> None:
@@ -72,10 +86,12 @@ class RecorderGraphImpl(GraphImpl):
         self._capture = Capture(
             self._pool, self.device.torch_device, poison=self._debug or config.poison_outputs()
         )
+        self._pool.begin_capture(self._capture.events)
         _tls.capture = self._capture
         self._capture.mode.__enter__()
 
     def _leave(self) -> Capture | None:
+        """Stop recording on this thread (the pool is told separately)."""
         cap = self._capture
         if cap is not None and active_capture() is cap:
             _tls.capture = None
@@ -87,18 +103,31 @@ class RecorderGraphImpl(GraphImpl):
 
     def capture_end(self) -> None:
         cap = self._leave()
-        assert cap is not None
-        self._steps = cap.steps
-        self._inputs = list(cap.inputs.values())
+        assert cap is not None and self._pool is not None
+        pool = self._pool
         self.num_ops = len(cap.steps)
+        segments = segments_used(cap.steps) | {r.segment for r in cap.live_outputs()}
+        # Register the graph's segments before the capture ends, so memory freed during the
+        # capture but still written by the program is not released in between.
+        pool.add_graph(segments)
+        pool.end_capture(cap.events)
+        self._inputs = list(cap.inputs.values())
+        self._outputs = cap.live_outputs()
+        self._memory = pool.arena.reserved_bytes - cap.reserved_before
+        self._standalone = simulate_peak(cap.events)
+        self._allocations = sum(1 for e in cap.events if e[0] == "alloc")
+        # The program's tensors are created only now: during capture nothing held pool memory.
+        self._steps = materialize(cap.steps, pool)
         self._capture = None
-        if self._pool is not None:
-            self._pool.graphs += 1
+        # Deleting the graph (or reset) tells the pool; memory goes only when nothing uses it.
+        self._release = weakref.finalize(self, pool.remove_graph, segments)
         if not self.keep_graph:
             self.instantiate()
 
     def abort_capture(self) -> None:
-        self._leave()
+        cap = self._leave()
+        if cap is not None and self._pool is not None:
+            self._pool.end_capture(cap.events)
         self._capture = None
         self._steps, self._inputs = [], []
         self._pool = None
@@ -121,10 +150,11 @@ class RecorderGraphImpl(GraphImpl):
             self._replay_fn()
 
     def reset(self) -> None:
-        if self._pool is not None and self._steps is not None:
-            self._pool.graphs = max(0, self._pool.graphs - 1)
-        self._steps, self._inputs = [], []
+        self._steps, self._inputs, self._outputs = [], [], []
         self._replay_fn = None
+        if self._release is not None:
+            self._release()  # after dropping the program, so its memory can go
+            self._release = None
         self._pool = None
         self._handle = None
         self.num_ops = 0

@@ -22,15 +22,49 @@ from typing import Any
 import torch
 from torch._ops import OpOverload
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten, tree_map
 
 from ...errors import CaptureError
 from . import ops as opinfo
-from .pool import RecorderPool
+from .pool import PoolRef, RecorderPool
 
 _tls = threading.local()
 _PKG_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
+
+
+#: Output metadata by (op, argument metadata), shared by every capture in the process, so
+#: repeated layers and repeated captures (buckets) do not pay meta execution again.
+_META_CACHE: dict[Any, _MetaResult] = {}
+_META_CACHE_MAX = 1 << 16
+
+
+def tree_flatten(x: Any) -> tuple[list, None]:
+    """Leaves of nested tuples/lists/dicts (a fast subset of torch's pytree for aten args)."""
+    out: list = []
+    _flatten_into(x, out)
+    return out, None
+
+
+def _flatten_into(x: Any, out: list) -> None:
+    if isinstance(x, (tuple, list)):
+        for y in x:
+            _flatten_into(y, out)
+    elif isinstance(x, dict):
+        for y in x.values():
+            _flatten_into(y, out)
+    else:
+        out.append(x)
+
+
+def tree_map(fn: Any, x: Any) -> Any:
+    """``x`` with ``fn`` applied to every leaf of nested tuples/lists/dicts."""
+    if isinstance(x, tuple):
+        return tuple(tree_map(fn, y) for y in x)
+    if isinstance(x, list):
+        return [tree_map(fn, y) for y in x]
+    if isinstance(x, dict):
+        return {k: tree_map(fn, v) for k, v in x.items()}
+    return fn(x)
 
 
 def active_capture() -> Capture | None:
@@ -51,10 +85,12 @@ def user_frame() -> str:
 
 @dataclass
 class Step:
-    """One recorded operation, bound to real tensors (pool memory or inputs by reference).
+    """One recorded operation.
 
-    ``kind`` is ``"mutate"`` (in-place / out= as called) or a functional
-    :class:`~accel_graph.backends.recorder.ops.Strategy` kind. ``outputs`` are the pool tensors a
+    Arguments keep inputs (tensors that existed before capture) by reference and pool tensors
+    as :class:`~.pool.PoolRef` locations, so capture holds no pool memory alive. ``kind`` is
+    ``"mutate"`` (in-place / out= as called) or a functional
+    :class:`~accel_graph.backends.recorder.ops.Strategy` kind; ``outputs`` are the locations a
     functional op writes.
     """
 
@@ -96,9 +132,29 @@ class Capture:
         # Views of inputs created during capture map back to the input they view, so a stale
         # check watches the user's tensor and not our own view of it.
         self._roots: WeakIdKeyDictionary = WeakIdKeyDictionary()
-        self.meta_cache: dict[Any, _MetaResult] = {}
+        self.meta_cache = _META_CACHE
         self.op_count = 0
+        #: ("alloc", key, bytes) / ("free", key, 0) in capture order, for standalone_bytes.
+        self.events: list[tuple[str, int, int]] = []
+        self.refs: dict[int, PoolRef] = {}  # allocation key -> location, for the outputs
+        self.reserved_before = pool.arena.reserved_bytes
         self.mode = _RecordingMode(self)
+
+    def freeze(self, x: Any) -> Any:
+        """``x`` with every pool tensor replaced by its location (no strong reference kept)."""
+        pool = self.pool
+
+        def one(t: Any) -> Any:
+            if isinstance(t, torch.Tensor) and pool.owns(t):
+                return pool.ref(t)
+            return t
+
+        return tree_map(one, x)
+
+    def live_outputs(self) -> list[PoolRef]:
+        """Locations allocated by this capture whose tensors are still alive: the outputs."""
+        freed = {key for action, key, _ in self.events if action == "free"}
+        return [ref for key, ref in self.refs.items() if key not in freed]
 
     # -- classification of tensors ------------------------------------------------------
     def is_pool_tensor(self, t: torch.Tensor) -> bool:
@@ -119,7 +175,8 @@ class Capture:
                 return tuple(key_of(y) for y in x)
             if isinstance(x, torch.Generator):
                 return "G"
-            return x
+            # The type matters: x * 2 and x * 2.0 give different dtypes, yet 2 == 2.0.
+            return (type(x), x)
 
         try:
             k = (func, key_of(args), tuple(sorted((n, key_of(v)) for n, v in kwargs.items())))
@@ -148,6 +205,8 @@ class Capture:
                     f"out of the captured region or file an issue."
                 ) from exc
         if key is not None:
+            if len(self.meta_cache) >= _META_CACHE_MAX:
+                self.meta_cache.clear()
             self.meta_cache[key] = result
         return result
 
@@ -197,7 +256,7 @@ class Capture:
         if opinfo._returns_host_value(func):
             return func(*args, **kwargs)  # pure metadata (METADATA_OPS); illegal ones refused above
         meta = self.run_meta(func, args, kwargs)
-        flat_out, spec = tree_flatten(meta.out)
+        flat_out, _ = tree_flatten(meta.out)
         if flat_out and all(a is not None for a in meta.aliases):
             return self._run_view(func, args, kwargs)
         if any(a is not None for a in meta.aliases):
@@ -205,7 +264,7 @@ class Capture:
                 f"{func} returns some outputs that alias its inputs and some that do not; the "
                 f"recorder cannot capture that mix (called at {user_frame()})"
             )
-        return self._record_functional(func, args, kwargs, flat_out, spec)
+        return self._record_functional(func, args, kwargs, flat_out, meta.out)
 
     def _tensor_args(self, args: tuple, kwargs: dict) -> list[torch.Tensor]:
         return [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
@@ -245,7 +304,7 @@ class Capture:
                     f"{user_frame()}); allocate the out= tensor with its final shape"
                 )
         self._note_inputs(args, kwargs)
-        self.steps.append(Step(func, "mutate", args, dict(kwargs)))
+        self.steps.append(Step(func, "mutate", self.freeze(args), self.freeze(dict(kwargs))))
         # In-place and out= ops return the tensors they mutate, per their schema.
         rets = []
         for ret in func._schema.returns:
@@ -290,7 +349,8 @@ class Capture:
             fallback = fallback or t.device
         return fallback or (self.device if self.device.type == "cpu" else torch.device("cpu"))
 
-    def _record_functional(self, func: OpOverload, args: tuple, kwargs: dict, flat_meta: list, spec: Any) -> Any:
+    def _record_functional(self, func: OpOverload, args: tuple, kwargs: dict, flat_meta: list,
+                           structure: Any) -> Any:
         device = self._output_device(args, kwargs)
         outs = []
         for m in flat_meta:
@@ -298,6 +358,7 @@ class Capture:
                 outs.append(m)
                 continue
             t = self.pool.allocate(m.shape, m.stride(), m.dtype, device)
+            self.refs[self.events[-1][1]] = self.pool.ref(t)
             if self.poison:
                 _poison(t)
             outs.append(t)
@@ -316,8 +377,10 @@ class Capture:
                 strategy = opinfo.Strategy("compute", why="copy op without a tensor source")
         elif strategy.kind == "out" and len(strategy.out_names) != 1 and len(strategy.out_names) != len(tensor_outs):
             strategy = opinfo.Strategy("compute", why=f"{strategy.op} out arguments do not match outputs")
-        self.steps.append(Step(func, strategy.kind, args, dict(kwargs), tensor_outs, strategy, extra))
-        return spec.unflatten(outs) if spec is not None else outs[0]
+        self.steps.append(Step(func, strategy.kind, self.freeze(args), self.freeze(dict(kwargs)),
+                               self.freeze(tensor_outs), strategy, self.freeze(extra)))
+        it = iter(outs)
+        return tree_map(lambda _: next(it), structure)
 
 
 def _poison(t: torch.Tensor) -> None:

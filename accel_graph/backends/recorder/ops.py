@@ -159,13 +159,18 @@ def _arg_signature(schema: torch.FunctionSchema) -> list[tuple[str, str]]:
     return [(a.name, str(a.type)) for a in schema.arguments if not a.is_out]
 
 
+@functools.lru_cache(maxsize=4096)
+def _tensor_params(func: OpOverload) -> tuple[tuple[int, str], ...]:
+    return tuple((i, a.name) for i, a in enumerate(func._schema.arguments) if "Tensor" in str(a.type))
+
+
 def _number_args(func: OpOverload, args: tuple, kwargs: dict) -> frozenset[str]:
     """Names of Tensor-typed arguments that were given a Python number."""
     names = set()
-    for i, a in enumerate(func._schema.arguments):
-        value = args[i] if i < len(args) else kwargs.get(a.name)
-        if "Tensor" in str(a.type) and isinstance(value, (int, float, bool, complex)):
-            names.add(a.name)
+    for i, name in _tensor_params(func):
+        value = args[i] if i < len(args) else kwargs.get(name)
+        if isinstance(value, (int, float, bool, complex)):
+            names.add(name)
     return frozenset(names)
 
 

@@ -14,8 +14,11 @@ from typing import Any
 
 import torch
 
+from dataclasses import replace
+
 from ...errors import ReplayError
-from .capture import InputRecord, Step
+from .capture import InputRecord, Step, tree_flatten, tree_map
+from .pool import PoolRef, RecorderPool
 
 aten = torch.ops.aten
 
@@ -55,8 +58,37 @@ def allocates_at_replay(step: Step) -> bool:
     return step.kind == "compute"
 
 
+def materialize(steps: list[Step], pool: RecorderPool) -> list[Step]:
+    """``steps`` with every pool location turned into a tensor over the pool's memory."""
+    cache: dict[PoolRef, torch.Tensor] = {}
+
+    def one(x: Any) -> Any:
+        if isinstance(x, PoolRef):
+            t = cache.get(x)
+            if t is None:
+                t = cache[x] = pool.materialize(x)
+            return t
+        return x
+
+    return [
+        replace(s, args=tree_map(one, s.args), kwargs=tree_map(one, s.kwargs),
+                outputs=tuple(one(o) for o in s.outputs), extra=tree_map(one, s.extra))
+        for s in steps
+    ]
+
+
+def segments_used(steps: list[Step]) -> set[int]:
+    """Pool segments a program touches."""
+    used: set[int] = set()
+    for s in steps:
+        for x in tree_flatten((s.args, s.kwargs, s.outputs, s.extra))[0]:
+            if isinstance(x, PoolRef):
+                used.add(x.segment)
+    return used
+
+
 def build_replay(steps: list[Step], inputs: list[InputRecord]) -> Callable[[], None]:
-    """Compile ``steps`` into a function that replays them; see the module docstring."""
+    """Compile materialized ``steps`` into a function that replays them (module docstring)."""
     em = _Emitter()
     em.ns["_stale"] = _stale_raiser(inputs)
     for i, rec in enumerate(inputs):
