@@ -23,3 +23,26 @@ def backend_override() -> str | None:
 def poison_outputs() -> bool:
     """Whether ``ACCEL_GRAPH_POISON`` asks for poisoned capture outputs."""
     return os.environ.get(POISON_VAR, "").strip().lower() in {"1", "true", "yes", "on"}
+
+#: Upper bound, in bytes, on the memory of one recorder graph pool (unset: unbounded).
+POOL_LIMIT_VAR = "ACCEL_GRAPH_POOL_LIMIT"
+
+
+def pool_limit() -> int | None:
+    """The recorder pool limit from ``ACCEL_GRAPH_POOL_LIMIT`` (bytes; K/M/G suffixes allowed)."""
+    from .errors import ConfigError
+
+    raw = os.environ.get(POOL_LIMIT_VAR, "").strip()
+    if not raw:
+        return None
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(raw[-1].upper(), 1)
+    digits = raw[:-1] if scale != 1 else raw
+    try:
+        value = int(float(digits) * scale)
+    except ValueError:
+        raise ConfigError(
+            f"{POOL_LIMIT_VAR}={raw!r} is not a size; use bytes or a K/M/G suffix, e.g. 512M"
+        ) from None
+    if value <= 0:
+        raise ConfigError(f"{POOL_LIMIT_VAR} must be positive, got {raw!r}")
+    return value

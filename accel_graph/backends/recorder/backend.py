@@ -8,7 +8,6 @@ operations fail at the op.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import weakref
@@ -18,11 +17,20 @@ import torch
 
 from ... import config
 from ...errors import BackendUnavailable, CaptureError, PoolError
-from ..base import Backend, Capabilities, DeviceSpec, GraphImpl, PoolHandle, PoolStats, next_user_pool_id
+from ..base import (
+    Backend,
+    Capabilities,
+    DeviceSpec,
+    GraphImpl,
+    PoolHandle,
+    PoolStats,
+    next_user_pool_id,
+)
 from .arena import simulate_peak
 from .capture import Capture, InputRecord, Step, _tls, active_capture
+from .dump import describe, write_dump
 from .pool import PoolRef, RecorderPool
-from .program import allocates_at_replay, build_replay, materialize, segments_used
+from .program import build_replay, materialize, segments_used
 
 log = logging.getLogger("accel_graph")
 
@@ -55,6 +63,7 @@ class RecorderGraphImpl(GraphImpl):
         self._debug = False
         self._release: weakref.finalize | None = None
         self._outputs: list[PoolRef] = []
+        self._frozen_steps: list[Step] = []
         self._memory = 0
         self._standalone = 0
         self._allocations = 0
@@ -117,6 +126,7 @@ class RecorderGraphImpl(GraphImpl):
         self._standalone = simulate_peak(cap.events)
         self._allocations = sum(1 for e in cap.events if e[0] == "alloc")
         # The program's tensors are created only now: during capture nothing held pool memory.
+        self._frozen_steps = cap.steps
         self._steps = materialize(cap.steps, pool)
         self._capture = None
         # Deleting the graph (or reset) tells the pool; memory goes only when nothing uses it.
@@ -151,6 +161,7 @@ class RecorderGraphImpl(GraphImpl):
 
     def reset(self) -> None:
         self._steps, self._inputs, self._outputs = [], [], []
+        self._frozen_steps = []
         self._replay_fn = None
         if self._release is not None:
             self._release()  # after dropping the program, so its memory can go
@@ -164,59 +175,19 @@ class RecorderGraphImpl(GraphImpl):
         self._debug = True
 
     def describe(self) -> dict[str, Any]:
-        """JSON-ready description of the program: ops, inputs, outputs, what allocates and why."""
-        ids: dict[int, str] = {}
-
-        def tname(t: torch.Tensor, prefix: str) -> str:
-            key = id(t)
-            if key not in ids:
-                ids[key] = f"{prefix}{len(ids)}"
-            return ids[key]
-
-        inputs = []
-        for i, rec in enumerate(self._inputs):
-            inputs.append({"name": tname(rec.tensor, "in"), "index": i, "shape": list(rec.shape),
-                           "stride": list(rec.stride), "dtype": str(rec.tensor.dtype)})
-        ops = []
-        for n, s in enumerate(self._steps):
-            arg_names = []
-            for a in torch.utils._pytree.tree_flatten((s.args, s.kwargs))[0]:
-                if isinstance(a, torch.Tensor):
-                    arg_names.append(ids.get(id(a), "view"))
-            outs = [tname(o, "t") for o in s.outputs]
-            ops.append({
-                "index": n, "op": str(s.func), "kind": s.kind, "inputs": arg_names, "outputs": outs,
-                "replay_op": str(s.strategy.op) if s.strategy and s.strategy.op else str(s.func),
-                "allocates_at_replay": allocates_at_replay(s),
-                "why": s.strategy.why if s.strategy else "in-place or out= op replayed as called",
-            })
+        """JSON-ready description of the program (see :mod:`.dump`)."""
         stats = self._pool.stats() if self._pool is not None else None
-        return {
-            "device": str(self.device), "backend": "recorder", "num_ops": len(self._steps),
-            "inputs": inputs, "ops": ops,
-            "pool": stats.as_dict() if stats else None,
+        return describe(self._frozen_steps, self._inputs, self._outputs, {
+            "device": str(self.device),
             "pool_id": list(self._handle.id) if self._handle else None,
-        }
+            "pool": stats.as_dict() if stats else None,
+            "memory_bytes": self._memory,
+            "standalone_bytes": self._standalone,
+            "allocations_at_capture": self._allocations,
+        })
 
     def debug_dump(self, path: str) -> None:
-        desc = self.describe()
-        lines = ["digraph accel_graph {", "  rankdir=TB;"]
-        for inp in desc["inputs"]:
-            lines.append(f'  "{inp["name"]}" [shape=box,label="{inp["name"]}\\n{inp["shape"]}"];')
-        for op in desc["ops"]:
-            node = f"op{op['index']}"
-            color = ',color=red' if op["allocates_at_replay"] else ''
-            lines.append(f'  {node} [label="{op["op"]}\\n({op["kind"]})"{color}];')
-            for a in op["inputs"]:
-                if a != "view":
-                    lines.append(f'  "{a}" -> {node};')
-            for o in op["outputs"]:
-                lines.append(f'  {node} -> "{o}";')
-        lines.append("}")
-        with open(path, "w") as f:
-            f.write("\n".join(lines) + "\n")
-        with open(path + ".json", "w") as f:
-            json.dump(desc, f, indent=1)
+        write_dump(path, self.describe())
 
 
 class RecorderBackend(Backend):
@@ -291,7 +262,7 @@ class RecorderBackend(Backend):
         with self._lock:
             pool = self._pools.get(handle.id)
             if pool is None:
-                pool = RecorderPool(handle.device.torch_device)
+                pool = RecorderPool(handle.device.torch_device, limit=config.pool_limit())
                 self._pools[handle.id] = pool
                 self._handles.setdefault(handle.id, handle)
             return pool

@@ -15,13 +15,13 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from torch.utils.weak import WeakIdKeyDictionary
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch._ops import OpOverload
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.weak import WeakIdKeyDictionary
 
 from ...errors import CaptureError
 from . import ops as opinfo

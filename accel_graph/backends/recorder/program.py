@@ -10,11 +10,10 @@ any such form allocate (and the debug dump says which).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import torch
-
-from dataclasses import replace
 
 from ...errors import ReplayError
 from .capture import InputRecord, Step, tree_flatten, tree_map
