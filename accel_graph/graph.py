@@ -114,13 +114,11 @@ class Graph:
             handle = self.graph_pool
         else:
             handle = None
-        if handle is None:
-            handle = self._backend.graph_pool_handle(self._device)
-            handle = PoolHandle(handle.backend, handle.device, (handle.id[1], 0))
         # The impl raises CaptureError itself for what only it can know (nested capture on this
         # thread, capture inside torch.compile); the state changes only once it succeeded.
+        # handle=None asks for a private pool, which the impl creates (as torch's graphs do).
         self._impl.capture_begin(handle, mode)
-        self._pool = handle
+        self._pool = self._impl.pool()
         self._state = CAPTURING
 
     def capture_end(self) -> None:

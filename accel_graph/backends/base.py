@@ -125,8 +125,13 @@ class GraphImpl(ABC):
         self.keep_graph = keep_graph
 
     @abstractmethod
-    def capture_begin(self, pool: PoolHandle, capture_error_mode: str) -> None:
-        """Start capturing on the current stream into ``pool`` (already resolved and valid)."""
+    def capture_begin(self, pool: PoolHandle | None, capture_error_mode: str) -> None:
+        """Start capturing on the current stream into ``pool`` (already resolved and valid), or
+        into a new private pool of this graph when ``pool`` is None."""
+
+    @abstractmethod
+    def pool(self) -> PoolHandle:
+        """The handle of the pool the current capture went into (shareable as ``pool=``)."""
 
     @abstractmethod
     def capture_end(self) -> None:

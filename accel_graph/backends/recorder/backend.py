@@ -69,6 +69,10 @@ class RecorderGraphImpl(GraphImpl):
         self._allocations = 0
         self.num_ops = 0
 
+    def pool(self) -> PoolHandle:
+        assert self._handle is not None
+        return self._handle
+
     def memory_bytes(self) -> int:
         """Bytes this capture added to the pool (reserved growth during the capture)."""
         return self._memory
@@ -90,6 +94,8 @@ class RecorderGraphImpl(GraphImpl):
                 "capture cannot begin inside a torch.compile frame: compiled code is invisible to "
                 "the recorder. Capture outside the compiled function, or use Graph(compile='inductor')"
             )
+        if pool is None:
+            pool = self._backend.private_pool_handle(self.device)
         self._pool = self._backend.pool_for(pool)
         self._handle = pool
         self._capture = Capture(
@@ -236,6 +242,10 @@ class RecorderBackend(Backend):
             self._handles[handle.id] = handle
         return handle
 
+    def private_pool_handle(self, device: DeviceSpec) -> PoolHandle:
+        """A graph's own pool: ``(k, 0)`` like torch, known to the backend only while it lives."""
+        return PoolHandle("recorder", device, (next_user_pool_id()[1], 0))
+
     def resolve_pool(self, pool: object, device: DeviceSpec) -> PoolHandle:
         if isinstance(pool, PoolHandle):
             if pool.backend != "recorder":
@@ -264,7 +274,6 @@ class RecorderBackend(Backend):
             if pool is None:
                 pool = RecorderPool(handle.device.torch_device, limit=config.pool_limit())
                 self._pools[handle.id] = pool
-                self._handles.setdefault(handle.id, handle)
             return pool
 
     def pool_stats(self, pool: PoolHandle) -> PoolStats | None:
