@@ -63,6 +63,8 @@ class Graph:
         self.keep_graph = bool(keep_graph)
         self.capture_error_mode = _check_mode(capture_error_mode)
         self.graph_pool = None if pool is None else self._backend.resolve_pool(pool, self._device)
+        if compile not in (None, "inductor"):
+            raise ConfigError(f"unknown compile={compile!r}; use None (replay as captured) or 'inductor'")
         self._compile = compile
         self._impl: GraphImpl = self._backend.new_graph(
             self._device, keep_graph=self.keep_graph, compile=compile

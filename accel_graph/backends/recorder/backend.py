@@ -27,10 +27,11 @@ from ..base import (
     next_user_pool_id,
 )
 from .arena import simulate_peak
+from .compiled import compile_program
 from .capture import Capture, InputRecord, Step, _tls, active_capture
 from .dump import describe, write_dump
 from .pool import PoolRef, RecorderPool
-from .program import build_replay, materialize, segments_used
+from .program import build_replay, materialize, replayed, segments_used
 
 log = logging.getLogger("accel_graph")
 
@@ -63,6 +64,7 @@ class RecorderGraphImpl(GraphImpl):
         self._debug = False
         self._release: weakref.finalize | None = None
         self._outputs: list[PoolRef] = []
+        self._compiled: dict[str, Any] | None = None
         self._frozen_steps: list[Step] = []
         self._memory = 0
         self._standalone = 0
@@ -120,7 +122,7 @@ class RecorderGraphImpl(GraphImpl):
         cap = self._leave()
         assert cap is not None and self._pool is not None
         pool = self._pool
-        self.num_ops = len(cap.steps)
+        self.num_ops = replayed(cap.steps)
         segments = segments_used(cap.steps) | {r.segment for r in cap.live_outputs()}
         # Register the graph's segments before the capture ends, so memory freed during the
         # capture but still written by the program is not released in between.
@@ -151,8 +153,32 @@ class RecorderGraphImpl(GraphImpl):
 
     # -- replay -------------------------------------------------------------------------
     def instantiate(self) -> None:
-        if self._replay_fn is None:
+        if self._replay_fn is not None:
+            return
+        if self._compile == "inductor":
+            self._replay_fn = self._compiled_or_fallback()
+        else:
             self._replay_fn = build_replay(self._steps, self._inputs)
+
+    def _compiled_or_fallback(self) -> Any:
+        """Compiled replay, or the interpreted program with the reason logged."""
+        assert self._pool is not None
+        try:
+            run, info = compile_program(self._frozen_steps, self._inputs, self._outputs, self._pool)
+        except Exception as exc:  # any compiler failure: replay still works, interpreted
+            reason = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+            log.warning("compile='inductor' failed for a graph on %s (%s); using interpreted "
+                        "replay. Inductor needs a working C++ compiler on the CPU.", self.device, reason)
+            self._compiled = {"backend": "inductor", "fallback": reason}
+            return build_replay(self._steps, self._inputs)
+        self._compiled = info
+        checks = build_replay([], self._inputs)  # the stale-input checks alone
+
+        def replay() -> None:
+            checks()
+            run()
+
+        return replay
 
     def replay(self) -> None:
         if torch._C._len_torch_dispatch_stack():
@@ -190,6 +216,7 @@ class RecorderGraphImpl(GraphImpl):
             "memory_bytes": self._memory,
             "standalone_bytes": self._standalone,
             "allocations_at_capture": self._allocations,
+            "compiled": self._compiled,
         })
 
     def debug_dump(self, path: str) -> None:

@@ -101,6 +101,8 @@ class Step:
     outputs: tuple = ()
     strategy: opinfo.Strategy | None = None
     extra: Any = None
+    #: Index of each output among the op's flattened results (for rebuilding it as FX).
+    positions: tuple[int, ...] = ()
 
 
 @dataclass
@@ -276,6 +278,14 @@ class Capture:
 
     def _run_view(self, func: OpOverload, args: tuple, kwargs: dict) -> Any:
         out = func(*args, **kwargs)  # views touch no data
+        flat = tree_flatten(out)[0]
+        # Interpreted replay skips views (their results alias memory replay refreshes); the
+        # compiled program keeps them so Inductor sees how each view relates to its base.
+        self.steps.append(Step(
+            func, "view", self.freeze(args), self.freeze(dict(kwargs)),
+            tuple(self.freeze(o) for o in flat if isinstance(o, torch.Tensor)),
+            positions=tuple(i for i, o in enumerate(flat) if isinstance(o, torch.Tensor)),
+        ))
         ins = self._tensor_args(args, kwargs)
         if ins and not self.is_pool_tensor(ins[0]):
             root = self._roots.get(ins[0], ins[0])
@@ -377,8 +387,9 @@ class Capture:
                 strategy = opinfo.Strategy("compute", why="copy op without a tensor source")
         elif strategy.kind == "out" and len(strategy.out_names) != 1 and len(strategy.out_names) != len(tensor_outs):
             strategy = opinfo.Strategy("compute", why=f"{strategy.op} out arguments do not match outputs")
+        positions = tuple(i for i, o in enumerate(outs) if isinstance(o, torch.Tensor))
         self.steps.append(Step(func, strategy.kind, self.freeze(args), self.freeze(dict(kwargs)),
-                               self.freeze(tensor_outs), strategy, self.freeze(extra)))
+                               self.freeze(tensor_outs), strategy, self.freeze(extra), positions))
         it = iter(outs)
         return tree_map(lambda _: next(it), structure)
 

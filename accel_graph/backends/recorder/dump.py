@@ -37,7 +37,7 @@ def describe(steps: list[Step], inputs: list[InputRecord], outputs: list[PoolRef
     ops = []
     for n, s in enumerate(steps):
         reads = [nm for nm in (name(a) for a in tree_flatten((s.args, s.kwargs))[0]) if nm]
-        written = [_ref_name(o) for o in s.outputs]
+        written = [nm for nm in (name(o) for o in s.outputs) if nm]
         ops.append({
             "index": n,
             "op": str(s.func),

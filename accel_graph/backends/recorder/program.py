@@ -53,6 +53,11 @@ class _Emitter:
         return expr
 
 
+def replayed(steps: list[Step]) -> int:
+    """Number of steps interpreted replay actually runs (views run only at capture)."""
+    return sum(1 for s in steps if s.kind not in ("view", "none"))
+
+
 def allocates_at_replay(step: Step) -> bool:
     return step.kind == "compute"
 
@@ -144,8 +149,8 @@ def _emit_step(em: _Emitter, step: Step) -> None:
             em.ns["_Tensor"] = torch.Tensor
             for i, out in enumerate(step.outputs):
                 em.lines.append(f"    {em.bind(_COPY)}({em.bind(out)}, r[{i}])")
-    elif kind == "none":
-        return
+    elif kind in ("none", "view"):
+        return  # nothing runs: contents undefined (empty), or an alias made at capture (view)
     else:  # pragma: no cover - a kind added to ops.Strategy must be handled here
         raise AssertionError(f"unknown step kind {kind}")
 
