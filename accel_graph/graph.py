@@ -19,7 +19,7 @@ import torch
 
 from .backends import select_backend
 from .backends.base import CAPTURE_ERROR_MODES, Backend, DeviceSpec, GraphImpl, PoolHandle
-from .errors import ConfigError, GraphStateError
+from .errors import CaptureError, ConfigError, GraphStateError
 
 __all__ = ["Graph", "graph", "graph_pool_handle", "is_current_stream_capturing"]
 
@@ -100,15 +100,7 @@ class Graph:
     # -- capture ------------------------------------------------------------------------
     def capture_begin(self, pool: object | None = None, capture_error_mode: str | None = None) -> None:
         """Begin capturing on the current stream. Arguments override the constructor's."""
-        if self._state == CAPTURING:
-            raise self._refuse(
-                "capture_begin()", "a capture is already underway; call capture_end() first"
-            )
-        if self._state != EMPTY:
-            raise self._refuse(
-                "capture_begin()",
-                "it already holds a captured graph; call reset() to capture again, or create a new Graph",
-            )
+        self._check_can_begin()
         mode = _check_mode(capture_error_mode if capture_error_mode is not None else self.capture_error_mode)
         if pool is not None:
             handle = self._backend.resolve_pool(pool, self._device)
@@ -122,6 +114,17 @@ class Graph:
         self._impl.capture_begin(handle, mode)
         self._pool = self._impl.pool()
         self._state = CAPTURING
+
+    def _check_can_begin(self) -> None:
+        if self._state == CAPTURING:
+            raise self._refuse(
+                "capture_begin()", "a capture is already underway; call capture_end() first"
+            )
+        if self._state != EMPTY:
+            raise self._refuse(
+                "capture_begin()",
+                "it already holds a captured graph; call reset() to capture again, or create a new Graph",
+            )
 
     def capture_end(self) -> None:
         """End the capture begun by ``capture_begin``; instantiate unless ``keep_graph``."""
@@ -218,6 +221,14 @@ def graph(
     raises, the capture is dropped and ``g`` is left empty and reusable.
     """
     backend = g.backend
+    # Refuse misuse before touching the device: a sync or empty_cache inside a capture that is
+    # already underway would break that capture with a raw device error.
+    g._check_can_begin()
+    if backend.is_current_stream_capturing(g.device):
+        raise CaptureError(
+            f"a capture is already underway on the current stream of {g.device}; end it before "
+            f"beginning another (one capture at a time per stream)"
+        )
     backend.prepare_capture(g.device)
     if stream is None:
         stream = backend.capture_stream(g.device)

@@ -3,12 +3,14 @@
 - :mod:`accel_graph.testing.plugin`: the pytest plugin (``backend_name``/``device`` fixtures
   over every registered backend, the ``gpu`` marker).
 - :mod:`accel_graph.testing.tolerances`: how replay is compared with eager, per dtype.
-- :func:`capture`: warm up, then capture a function the way real device-graph code does.
+- :func:`capture`: warm up, then capture a function the way real device-graph code does;
+  :func:`capture_stream` for manual ``capture_begin``/``capture_end``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 from .tolerances import (
@@ -25,6 +27,7 @@ __all__ = [
     "assert_bitwise_equal",
     "assert_close_for_dtype",
     "capture",
+    "capture_stream",
     "synchronize",
     "tolerance_for",
 ]
@@ -35,7 +38,18 @@ def synchronize(g: Any) -> None:
     g.backend.synchronize(g.device)
 
 
-def capture(g: Any, fn: Callable[..., Any], *args: Any, warmup: int = 1, **graph_kwargs: Any) -> Any:
+def capture_stream(g: Any) -> AbstractContextManager[Any]:
+    """Make current the stream ``accel_graph.graph(g)`` would capture on.
+
+    Wrap manual ``g.capture_begin()`` ... ``g.capture_end()`` in it: CUDA and HIP refuse to
+    capture on the default stream. A no-op on devices without streams.
+    """
+    return g.backend.stream_context(g.backend.capture_stream(g.device))
+
+
+def capture(
+    g: Any, fn: Callable[..., Any], *args: Any, warmup: int = 1, **graph_kwargs: Any
+) -> Any:
     """Run ``fn(*args)`` eagerly ``warmup`` times, then capture it into ``g`` and return its outputs.
 
     This is the usual device-graph recipe: warm-up lets libraries pick algorithms and allocate

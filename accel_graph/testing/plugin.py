@@ -6,13 +6,15 @@ Enable it with ``pytest_plugins = ["accel_graph.testing.plugin"]`` in a ``confte
   ``accel_graph.backends`` entry points), nothing hard-coded. A backend whose probe fails here is
   skipped with the probe's reason; a *built-in* that fails to import is an error, never a skip,
   because built-ins must import everywhere.
-- ``backend``: the backend instance; ``device``: the ``torch.device`` to create tensors on. While
-  a test runs, ``ACCEL_GRAPH_BACKEND`` names its backend, so ``accel_graph.Graph(device=device)``,
-  ``graph_pool_handle(device)`` and ``is_current_stream_capturing(device)`` all route to it.
+- ``backend``: the backend instance; ``device``: the ``torch.device`` to create tensors on (the
+  backend's default device; any-device backends such as the recorder also run on the current
+  accelerator, as ``recorder@cuda``). While a test runs, ``ACCEL_GRAPH_BACKEND`` names its
+  backend, so ``accel_graph.Graph(device=device)``, ``graph_pool_handle(device)`` and
+  ``is_current_stream_capturing(device)`` all route to it.
 - ``make_graph``: ``make_graph(**kwargs)`` is ``accel_graph.Graph(device=device, **kwargs)``,
   checked to be on the parametrized backend.
-- the ``gpu`` marker, put automatically on the cases of backends with native device graphs, so
-  ``pytest -m gpu`` runs exactly what needs a real accelerator.
+- the ``gpu`` marker, put automatically on the cases of native-graph backends and on cases that
+  run on an accelerator, so ``pytest -m gpu`` runs exactly what needs a real accelerator.
 - ``--accel-graph-backend NAME[,NAME...]``: run only these backends.
 """
 
@@ -45,7 +47,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
-        "markers", "gpu: needs a real accelerator (cases on native-graph backends get it automatically)"
+        "markers",
+        "gpu: needs a real accelerator (cases on native-graph backends get it automatically)",
     )
 
 
@@ -73,27 +76,57 @@ def _is_native(name: str) -> bool:
     return not {"cpu", "*"} & set(classes[name].device_types)
 
 
-def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if "backend_name" not in metafunc.fixturenames:
-        return
+def _accelerator_type() -> str | None:
+    """The current accelerator's device type, or None on a CPU-only host."""
+    acc = getattr(torch, "accelerator", None)
+    try:
+        if acc is not None and hasattr(acc, "current_accelerator"):
+            dev = acc.current_accelerator() if acc.is_available() else None
+            return None if dev is None else dev.type
+        return "cuda" if torch.cuda.is_available() else None
+    except Exception:  # no accelerator runtime: behave as a CPU-only host
+        return None
+
+
+def _targets(config: pytest.Config) -> list[tuple[str, str | None]]:
+    """(backend name, device type or None for the backend's default device) to run on.
+
+    Backends that serve any device (the recorder) run on their default device and, where an
+    accelerator is present, on it too: that is the path MPS and PrivateUse1 devices take.
+    """
     names = list(registered_backends()) + _broken_builtins()
-    wanted = metafunc.config.getoption(_OPTION)
+    wanted = config.getoption(_OPTION)
     if wanted:
         keep = {w.strip().lower() for w in wanted.split(",") if w.strip()}
         names = [n for n in names if n in keep]
-    params = [
-        pytest.param(name, id=name, marks=[pytest.mark.gpu] if _is_native(name) else [])
-        for name in names
-    ]
+    targets: list[tuple[str, str | None]] = [(n, None) for n in names]
+    acc = _accelerator_type()
+    classes = registered_backends()
+    for n in names:
+        if acc is not None and n in classes and "*" in classes[n].device_types:
+            targets.append((n, acc))
+    return targets
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "backend_name" not in metafunc.fixturenames:
+        return
+    targets = _targets(metafunc.config)
+    with_device = "accel_graph_device_type" in metafunc.fixturenames
+    if not with_device:  # the test never asks for a device: one case per backend
+        targets = [(n, None) for n in dict.fromkeys(n for n, _ in targets)]
+    params = []
+    for name, dev in targets:
+        ident = name if dev is None else f"{name}@{dev}"
+        marks = [pytest.mark.gpu] if (dev is not None and dev != "cpu") or _is_native(name) else []
+        values = (name, dev) if with_device else (name,)
+        params.append(pytest.param(*values, id=ident, marks=marks))
     if not params:
-        params = [
-            pytest.param(
-                None,
-                id="no-backend",
-                marks=pytest.mark.skip(reason=f"no backend selected (registry, {_OPTION})"),
-            )
-        ]
-    metafunc.parametrize("backend_name", params, scope="session")
+        skip = pytest.mark.skip(reason=f"no backend selected (registry, {_OPTION})")
+        values = (None, None) if with_device else (None,)
+        params = [pytest.param(*values, id="no-backend", marks=skip)]
+    argnames = ("backend_name", "accel_graph_device_type") if with_device else ("backend_name",)
+    metafunc.parametrize(argnames, params)
 
 
 def _import_error(name: str) -> BaseException | None:
@@ -125,10 +158,20 @@ def backend(backend_name: str) -> Backend:
 
 
 @pytest.fixture
-def device(backend: Backend, monkeypatch: pytest.MonkeyPatch) -> torch.device:
+def accel_graph_device_type() -> str | None:
+    """Parametrized by the plugin: a device type, or None for the backend's default device."""
+    return None
+
+
+@pytest.fixture
+def device(
+    backend: Backend, accel_graph_device_type: str | None, monkeypatch: pytest.MonkeyPatch
+) -> torch.device:
     """The device to create tensors on; routing is pinned to ``backend`` for the test."""
     monkeypatch.setenv(config.BACKEND_VAR, type(backend).name)
-    return backend.default_device()
+    if accel_graph_device_type is None:
+        return backend.default_device()
+    return torch.device(accel_graph_device_type)
 
 
 @pytest.fixture

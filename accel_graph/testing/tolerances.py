@@ -55,9 +55,7 @@ def tolerance_for(dtype: torch.dtype) -> Tolerance:
     if dtype in TOLERANCES:
         return TOLERANCES[dtype]
     if dtype.is_floating_point or dtype.is_complex:
-        raise ValueError(
-            f"no tolerance defined for {dtype}; add it to TOLERANCES in {__name__}"
-        )
+        raise ValueError(f"no tolerance defined for {dtype}; add it to TOLERANCES in {__name__}")
     return _EXACT
 
 
@@ -69,12 +67,22 @@ def _leaves(actual: Any, expected: Any, where: str) -> list[tuple[str, torch.Ten
         return [(where, actual, expected)]
     if isinstance(expected, Mapping):
         if not isinstance(actual, Mapping) or set(actual) != set(expected):
-            raise AssertionError(f"{where}: keys differ: {sorted(map(str, actual))} vs {sorted(map(str, expected))}")
-        return [pair for k in expected for pair in _leaves(actual[k], expected[k], f"{where}[{k!r}]")]
+            raise AssertionError(
+                f"{where}: keys differ: {sorted(map(str, actual))} vs {sorted(map(str, expected))}"
+            )
+        return [
+            pair for k in expected for pair in _leaves(actual[k], expected[k], f"{where}[{k!r}]")
+        ]
     if isinstance(expected, Sequence) and not isinstance(expected, str):
         if not isinstance(actual, Sequence) or len(actual) != len(expected):
-            raise AssertionError(f"{where}: expected a sequence of {len(expected)}, got {actual!r:.80}")
-        return [pair for i, (a, e) in enumerate(zip(actual, expected, strict=True)) for pair in _leaves(a, e, f"{where}[{i}]")]
+            raise AssertionError(
+                f"{where}: expected a sequence of {len(expected)}, got {actual!r:.80}"
+            )
+        return [
+            pair
+            for i, (a, e) in enumerate(zip(actual, expected, strict=True))
+            for pair in _leaves(a, e, f"{where}[{i}]")
+        ]
     if actual != expected:
         raise AssertionError(f"{where}: {actual!r} != {expected!r}")
     return []
@@ -94,8 +102,10 @@ def _describe_mismatch(a: torch.Tensor, e: torch.Tensor, bad: torch.Tensor) -> s
     first = tuple(int(i) for i in bad.nonzero()[0]) if count else ()
     msg = f"{count} of {bad.numel()} elements differ; first at index {first}: {a[first]!r} vs {e[first]!r}"
     if a.dtype.is_floating_point or a.dtype.is_complex:
-        diff = (a.to(torch.complex128 if a.dtype.is_complex else torch.float64)
-                - e.to(torch.complex128 if e.dtype.is_complex else torch.float64)).abs()
+        diff = (
+            a.to(torch.complex128 if a.dtype.is_complex else torch.float64)
+            - e.to(torch.complex128 if e.dtype.is_complex else torch.float64)
+        ).abs()
         finite = diff[torch.isfinite(diff)]
         if finite.numel():
             msg += f"; max abs difference {float(finite.max()):.3g}"
@@ -109,7 +119,9 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
         flat = flat.to(torch.uint8)
     if flat.dtype.is_complex:
         flat = torch.view_as_real(flat).reshape(-1)
-    return flat.view(torch.uint8).reshape(flat.numel(), -1) if flat.numel() else flat.view(torch.uint8)
+    return (
+        flat.view(torch.uint8).reshape(flat.numel(), -1) if flat.numel() else flat.view(torch.uint8)
+    )
 
 
 def assert_bitwise_equal(actual: Any, expected: Any, *, msg: str = "") -> None:
@@ -126,7 +138,9 @@ def assert_bitwise_equal(actual: Any, expected: Any, *, msg: str = "") -> None:
             continue
         bad = (ab != eb).reshape(ab.shape[0], -1).any(dim=1).reshape(a.shape) if a.numel() else None
         assert bad is not None
-        raise AssertionError(f"{prefix}{where} is not bitwise equal: {_describe_mismatch(a, e, bad)}")
+        raise AssertionError(
+            f"{prefix}{where} is not bitwise equal: {_describe_mismatch(a, e, bad)}"
+        )
 
 
 def assert_close_for_dtype(actual: Any, expected: Any, *, msg: str = "") -> None:

@@ -78,7 +78,9 @@ class DecodeStep(nn.Module):
         return self.proj(y.transpose(1, 2).reshape(b, 1, d))
 
 
-def build(cls: type[nn.Module], device: torch.device, *args: object, seed: int = 0, **kwargs: object) -> nn.Module:
+def build(
+    cls: type[nn.Module], device: torch.device, *args: object, seed: int = 0, **kwargs: object
+) -> nn.Module:
     """``cls(*args, **kwargs)`` with weights drawn from ``seed``, on ``device``, in eval mode.
 
     Weights are drawn on the CPU so every device gets the same values, and the global RNG is

@@ -28,6 +28,7 @@ from . import ops as opinfo
 from .pool import PoolRef, RecorderPool
 
 _tls = threading.local()
+_LIFT_FRESH = torch.ops.aten.lift_fresh.default
 _PKG_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
 
@@ -257,6 +258,8 @@ class Capture:
             return self._record_mutation(func, args, kwargs)
         if opinfo._returns_host_value(func):
             return func(*args, **kwargs)  # pure metadata (METADATA_OPS); illegal ones refused above
+        if func is _LIFT_FRESH:
+            return self._record_constant(args[0])
         meta = self.run_meta(func, args, kwargs)
         flat_out, _ = tree_flatten(meta.out)
         if flat_out and all(a is not None for a in meta.aliases):
@@ -267,6 +270,21 @@ class Capture:
                 f"recorder cannot capture that mix (called at {user_frame()})"
             )
         return self._record_functional(func, args, kwargs, flat_out, meta.out)
+
+    def _record_constant(self, const: torch.Tensor) -> torch.Tensor:
+        """``torch.tensor(data)`` inside capture: pool memory refilled from a private copy.
+
+        Like a host-to-device copy in a CUDA graph, every replay rewrites the constant, so
+        in-place writes to it during the graph or by the user between replays do not persist.
+        """
+        src = const.detach().clone()  # private: the user's later writes cannot reach it
+        out = self.pool.allocate(const.shape, const.stride(), const.dtype, const.device)
+        self.refs[self.events[-1][1]] = self.pool.ref(out)
+        self.note_input(src)
+        self.steps.append(Step(_LIFT_FRESH, "copy", (src,), {}, (self.pool.ref(out),),
+                               opinfo.Strategy("copy", why="constant made in capture, refilled by copy_()"),
+                               src, (0,)))
+        return out
 
     def _tensor_args(self, args: tuple, kwargs: dict) -> list[torch.Tensor]:
         return [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
@@ -363,11 +381,16 @@ class Capture:
                            structure: Any) -> Any:
         device = self._output_device(args, kwargs)
         outs = []
+        layout = _input_layout(func, args)
         for m in flat_meta:
             if not isinstance(m, torch.Tensor):
                 outs.append(m)
                 continue
-            t = self.pool.allocate(m.shape, m.stride(), m.dtype, device)
+            stride = m.stride()
+            if layout is not None and m.dim() == layout[1]:
+                stride = torch.empty_strided(m.shape, m.stride(), device="meta").contiguous(
+                    memory_format=layout[0]).stride()
+            t = self.pool.allocate(m.shape, stride, m.dtype, device)
             self.refs[self.events[-1][1]] = self.pool.ref(t)
             if self.poison:
                 _poison(t)
@@ -392,6 +415,20 @@ class Capture:
                                self.freeze(tensor_outs), strategy, self.freeze(extra), positions))
         it = iter(outs)
         return tree_map(lambda _: next(it), structure)
+
+
+def _input_layout(func: OpOverload, args: tuple) -> tuple[torch.memory_format, int] | None:
+    """The channels_last layout an op's output takes from its first input, if it does."""
+    if func.overloadpacket.__name__ not in opinfo.LAYOUT_FOLLOWING_OPS or not args:
+        return None
+    x = args[0]
+    if not isinstance(x, torch.Tensor) or x.is_contiguous():
+        return None
+    if x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last):
+        return torch.channels_last, 4
+    if x.dim() == 5 and x.is_contiguous(memory_format=torch.channels_last_3d):
+        return torch.channels_last_3d, 5
+    return None
 
 
 def _poison(t: torch.Tensor) -> None:

@@ -89,6 +89,9 @@ def illegal_reason(func: OpOverload, args: tuple, kwargs: dict) -> str | None:
                     "a tensor of repeat counts makes the output shape depend on the data; pass "
                     "output_size=... or repeat by a Python int"
                 )
+        # With output_size given the shape is known without reading the counts: legal, as in
+        # torch's own docs on avoiding the sync (the op's dynamic_output_shape tag is generic).
+        return None
     if name in ("index", "index_put", "index_put_", "_index_put_impl_", "_unsafe_index",
                 "_unsafe_index_put"):
         indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
@@ -127,6 +130,17 @@ _RANDOM_FACTORIES: dict[str, str] = {
     "rand": "uniform", "rand_like": "uniform",
     "randint": "random", "randint_like": "random",
 }
+#: Ops whose output layout the CPU/cuDNN kernels take from a channels_last input while the meta
+#: kernel reports a contiguous one; the recorder gives their outputs the input's layout.
+LAYOUT_FOLLOWING_OPS: frozenset[str] = frozenset(
+    {"convolution", "_convolution", "mkldnn_convolution", "max_pool2d_with_indices",
+     "max_pool3d_with_indices", "avg_pool2d", "avg_pool3d", "_adaptive_avg_pool2d",
+     "_adaptive_avg_pool3d", "adaptive_max_pool2d", "upsample_nearest2d", "upsample_bilinear2d",
+     "upsample_bicubic2d", "_upsample_nearest_exact2d", "upsample_nearest3d",
+     "upsample_trilinear3d", "native_batch_norm", "_native_batch_norm_legit_no_training",
+     "_native_batch_norm_legit", "native_group_norm"}
+)
+
 #: Casts and copies: replay is ``out.copy_(src)``, which matches eager bit for bit.
 COPY_OPS: frozenset[str] = frozenset(
     {"_to_copy", "clone", "lift_fresh_copy", "_copy", "copy", "contiguous", "alias_copy",
