@@ -46,3 +46,12 @@ def pool_limit() -> int | None:
     if value <= 0:
         raise ConfigError(f"{POOL_LIMIT_VAR} must be positive, got {raw!r}")
     return value
+
+#: Default ``compile=`` for graphs that do not pass one ("inductor" or empty).
+COMPILE_VAR = "ACCEL_GRAPH_COMPILE"
+
+
+def default_compile() -> str | None:
+    """The ``compile=`` a Graph uses when given none (``ACCEL_GRAPH_COMPILE``), or None."""
+    value = os.environ.get(COMPILE_VAR, "").strip().lower()
+    return value or None

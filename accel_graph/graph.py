@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from . import config
 from .backends import select_backend
 from .backends.base import CAPTURE_ERROR_MODES, Backend, DeviceSpec, GraphImpl, PoolHandle
 from .errors import CaptureError, ConfigError, GraphStateError
@@ -47,6 +48,7 @@ class Graph:
             then the current accelerator, then the CPU recorder).
         compile: ``None`` replays the recorded program as captured; ``"inductor"`` compiles it
             once at instantiation (recorder only; native backends ignore it with a warning).
+            Unset, ``ACCEL_GRAPH_COMPILE`` supplies the default.
     """
 
     def __init__(
@@ -63,6 +65,8 @@ class Graph:
         self.keep_graph = bool(keep_graph)
         self.capture_error_mode = _check_mode(capture_error_mode)
         self.graph_pool = None if pool is None else self._backend.resolve_pool(pool, self._device)
+        if compile is None:
+            compile = config.default_compile()
         if compile not in (None, "inductor"):
             raise ConfigError(f"unknown compile={compile!r}; use None (replay as captured) or 'inductor'")
         self._compile = compile
