@@ -450,3 +450,11 @@ class _RecordingMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: D401
         return self.capture.handle(func, args, kwargs or {})
+
+
+# TorchDispatchMode.__init_subclass__ wraps __torch_dispatch__ in torch._disable_dynamo, whose
+# first call imports torch._dynamo (seconds) and which adds a frame to every recorded op.
+# Capture refuses to run inside a compiled frame, so the wrapper protects nothing here.
+_RecordingMode.__torch_dispatch__ = getattr(  # type: ignore[method-assign]
+    _RecordingMode.__torch_dispatch__, "__wrapped__", _RecordingMode.__torch_dispatch__
+)
