@@ -61,6 +61,7 @@ METADATA_OPS: frozenset[str] = frozenset(
 )
 
 
+@functools.lru_cache(maxsize=8192)
 def _returns_host_value(func: OpOverload) -> bool:
     """Whether the op returns a Python value (number, bool) rather than tensors."""
     for ret in func._schema.returns:
@@ -74,8 +75,41 @@ def _is_mask(t: Any) -> bool:
     return isinstance(t, torch.Tensor) and t.dtype in (torch.bool, torch.uint8)
 
 
+_ARG_DEPENDENT = frozenset({"repeat_interleave", "index", "index_put", "index_put_",
+                            "_index_put_impl_", "_unsafe_index", "_unsafe_index_put"})
+
+
+@functools.lru_cache(maxsize=8192)
+def _static_verdict(func: OpOverload) -> tuple[bool, str | None]:
+    """(depends on the arguments, reason) for ``func``, computed once per op."""
+    name = func.overloadpacket.__name__
+    if name in ILLEGAL_OPS:
+        return False, ILLEGAL_OPS[name]
+    if name in _ARG_DEPENDENT:
+        return True, None
+    return False, _tag_reason(func, name)
+
+
 def illegal_reason(func: OpOverload, args: tuple, kwargs: dict) -> str | None:
     """Why capturing ``func`` with these arguments is illegal, or None when it is legal."""
+    depends, reason = _static_verdict(func)
+    if not depends:
+        return reason
+    return _argument_reason(func, args, kwargs)
+
+
+def _tag_reason(func: OpOverload, name: str) -> str | None:
+    tags = func.tags
+    if torch.Tag.dynamic_output_shape in tags:
+        return "its output shape depends on the data, which a device graph cannot capture"
+    if torch.Tag.data_dependent_output in tags or (
+        _returns_host_value(func) and name not in METADATA_OPS
+    ):
+        return "it returns a value computed on the host (a device sync); " + _HOST_READ_FIX
+    return None
+
+
+def _argument_reason(func: OpOverload, args: tuple, kwargs: dict) -> str | None:
     name = func.overloadpacket.__name__
     if name in ILLEGAL_OPS:
         return ILLEGAL_OPS[name]
@@ -100,14 +134,7 @@ def illegal_reason(func: OpOverload, args: tuple, kwargs: dict) -> str | None:
         # Integer-tensor indexing is legal under CUDA capture (its shape is the index's shape),
         # even though the op carries the dynamic_output_shape tag for the boolean case.
         return None
-    tags = func.tags
-    if torch.Tag.dynamic_output_shape in tags:
-        return "its output shape depends on the data, which a device graph cannot capture"
-    if torch.Tag.data_dependent_output in tags or (
-        _returns_host_value(func) and name not in METADATA_OPS
-    ):
-        return "it returns a value computed on the host (a device sync); " + _HOST_READ_FIX
-    return None
+    return _tag_reason(func, name)
 
 
 # --------------------------------------------------------------------------------------------
