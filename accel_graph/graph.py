@@ -255,4 +255,4 @@ def graph_pool_handle(device: torch.device | str | int | None = None) -> PoolHan
 def is_current_stream_capturing(device: torch.device | str | int | None = None) -> bool:
     """Whether a capture is underway on the current stream of ``device`` (thread, on the recorder)."""
     backend, dev = select_backend(device)
-    return backend.is_current_stream_capturing(backend.device_spec(dev))
+    return backend.is_capturing(dev)

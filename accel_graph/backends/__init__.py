@@ -43,6 +43,9 @@ log = logging.getLogger("accel_graph")
 
 #: Built-in backends: name -> "module:Class". Adding a device is one module and one line here.
 BUILTIN_BACKENDS: dict[str, str] = {
+    "cuda": "accel_graph.backends.cuda:CudaBackend",
+    "hip": "accel_graph.backends.hip:HipBackend",
+    "xpu": "accel_graph.backends.xpu:XpuBackend",
     "recorder": "accel_graph.backends.recorder:RecorderBackend",
 }
 

@@ -235,6 +235,14 @@ class Backend(ABC):
     def is_current_stream_capturing(self, device: DeviceSpec) -> bool:
         """Whether a capture is underway on the current stream (thread, for the recorder)."""
 
+    def is_capturing(self, device: torch.device) -> bool:
+        """``is_current_stream_capturing`` from a plain device, without initialising it.
+
+        Native backends override this: building a DeviceSpec reads the device's architecture,
+        which starts the runtime, and torch's own query promises not to.
+        """
+        return self.is_current_stream_capturing(self.device_spec(device))
+
     def prepare_capture(self, device: DeviceSpec) -> None:  # noqa: B027
         """What ``accel_graph.graph`` does before capture_begin (sync, empty caches)."""
 

@@ -36,6 +36,7 @@ not been verified on hardware. Verdicts that depend on it carry ``assumed=True``
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -135,6 +136,7 @@ class ArchVerdict:
         return self.kind != UNSUPPORTED
 
 
+@functools.lru_cache(maxsize=512)
 def parse_arch(entry: str) -> ArchTarget | None:
     """Parse one arch-list entry (``'sm_100f'``, ``'compute_90'``); None if it is not NVIDIA's."""
     m = _ARCH_RE.match(entry.strip().lower())
@@ -197,9 +199,8 @@ def arch_verdict(capability: tuple[int, int], arch_list: Iterable[str]) -> ArchV
         family = " (family-specific cubin)" if t.suffix == "f" else ""
         return ArchVerdict(
             BINARY_COMPATIBLE, device, str(t),
-            f"{name}: no {device} cubin, but {t}{family} is binary-compatible (same major "
-            f"{major}, lower minor); kernels run at full speed without {_cc_str(cc)}-only "
-            f"features",
+            f"{name}: no {device} cubin, but {t}{family} is binary-compatible with it; kernels "
+            f"run at full speed without {_cc_str(cc)}-only features",
             assumed=cc in ASSUMED or t.cc in ASSUMED,
         )
     ptx = [t for t in runnable if t.kind == "compute"]

@@ -27,8 +27,8 @@ from ..base import (
     next_user_pool_id,
 )
 from .arena import simulate_peak
-from .compiled import compile_program
 from .capture import Capture, InputRecord, Step, _tls, active_capture
+from .compiled import compile_program
 from .dump import describe, write_dump
 from .pool import PoolRef, RecorderPool
 from .program import build_replay, materialize, replayed, segments_used

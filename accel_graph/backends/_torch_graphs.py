@@ -1,0 +1,383 @@
+"""Shared adapter over torch's own graph classes (``torch.cuda.CUDAGraph``, ``torch.xpu.XPUGraph``,
+``torch.accelerator.Graph``), so the cuda, hip and xpu backends only state their differences.
+
+Everything vendor-specific is reached through ``self.module`` (``torch.cuda`` or ``torch.xpu``,
+looked up when called, never at import) and a few hooks a subclass overrides. Every torch API is
+feature-detected: GPU hosts may run torch 2.11.
+
+Pool handles and pool memory live in :mod:`._torch_pools`.
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import inspect
+import sys
+import threading
+import warnings
+import weakref
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
+from typing import Any
+
+import torch
+
+from ..errors import AccelGraphError, BackendUnavailable, CaptureError, ConfigError
+from ._torch_pools import TorchPools
+from .base import Backend, DeviceSpec, GraphImpl, PoolHandle
+
+
+def begin_params(graph: Any) -> frozenset[str]:
+    """Keyword arguments ``graph.capture_begin`` accepts (torch 2.11 lacks some; XPU takes only
+    ``pool``; ``torch.accelerator.Graph`` in 2.13 takes none and reads attributes instead)."""
+    return _begin_params(type(graph))
+
+
+@functools.lru_cache(maxsize=32)
+def _begin_params(cls: type) -> frozenset[str]:
+    try:
+        return frozenset(inspect.signature(cls.capture_begin).parameters) - {"self"}
+    except (TypeError, ValueError):  # a C function without a signature: assume torch's CUDA form
+        return frozenset({"pool", "capture_error_mode"})
+
+
+def _hint(exc: BaseException) -> str:
+    """What to do about a torch error from capture_begin."""
+    if "use_count" in str(exc):
+        # torch's create_or_incref_pool: the pool's graphs were all released while tensors still
+        # hold its memory, and torch cannot rejoin such a pool. Our own handles avoid this.
+        return (
+            "The torch pool was released by all its graphs while "
+            "tensors still hold its memory, and torch cannot rejoin it: use a new handle "
+            "(accel_graph.graph_pool_handle(), which remaps released pools) or keep a graph of "
+            "that pool alive"
+        )
+    return (
+        "Capture with `with accel_graph.graph(g): ...` (it uses a side stream on the graph's "
+        "device) or make a non-default stream of that device current first"
+    )
+
+
+class TorchGraphImpl(GraphImpl):
+    """One graph on a torch graph class. Holds a torch graph object only while captured; each
+    capture uses a fresh one, so an aborted capture never leaves a half-used object behind."""
+
+    def __init__(self, backend: TorchGraphBackend, device: DeviceSpec, *, keep_graph: bool) -> None:
+        super().__init__(device, keep_graph=keep_graph)
+        self._backend = backend
+        self._graph: Any = None
+        self._handle: PoolHandle | None = None
+        self._torch_id: tuple[int, int] | None = None
+        self._before: int | None = None
+        self._bytes: int | None = None
+        self._debug = False
+
+    def capture_begin(self, pool: PoolHandle | None, capture_error_mode: str) -> None:
+        b = self._backend
+        b.refuse_nested(self.device)
+        b.check_current_device(self.device)
+        mode = b.vendor_mode(capture_error_mode)
+        if pool is None:
+            pool = b.private_pool_handle(self.device)
+        torch_id = b.pool_torch_id(pool)
+        try:
+            self._before = 0 if torch_id is None else b.pool_reserved(torch_id, self.device)
+            graph = b.new_torch_graph(self.keep_graph, torch_id, mode)
+            if self._debug:
+                graph.enable_debug_mode()
+            b.begin(graph, torch_id, mode)
+        except BaseException as exc:
+            b.pool_unused(pool)  # no graph holds it: forget the bookkeeping entry
+            if isinstance(exc, RuntimeError) and not isinstance(exc, AccelGraphError):
+                raise CaptureError(f"capture_begin on {self.device} failed: {exc}. {_hint(exc)}") from exc
+            raise
+        self._graph, self._handle, self._torch_id = graph, pool, torch_id
+        b.pool_captured(pool)
+        b.capture_started(self)
+
+    def pool(self) -> PoolHandle:
+        assert self._handle is not None  # the front end asks only after capture_begin
+        return self._handle
+
+    def capture_end(self) -> None:
+        try:
+            self._graph.capture_end()
+            self._backend.capture_stopped(self)
+        except RuntimeError as exc:
+            raise CaptureError(
+                f"capture_end on {self.device} failed: {exc}. Typical causes: a host sync, "
+                f"data-dependent shapes or unjoined side-stream work inside the capture; "
+                f"run it under the recorder backend (device='cpu') to find the op"
+            ) from exc
+        if self._torch_id is None and self._handle is not None:
+            self._torch_id = self._backend.pool_learned(self._handle, self._graph)
+        after = None
+        if self._torch_id is not None:
+            after = self._backend.pool_reserved(self._torch_id, self.device)
+        self._bytes = None if after is None or self._before is None else after - self._before
+        if not self.keep_graph:
+            self._bind_replay()
+
+    def _bind_replay(self) -> None:
+        # An instance attribute shadows the method: replay() is then torch's own bound method,
+        # one Python frame less on the hot path.
+        self.replay = self._graph.replay  # type: ignore[method-assign]
+
+    def abort_capture(self) -> None:
+        graph, self._graph = self._graph, None
+        self.__dict__.pop("replay", None)
+        self._backend.capture_stopped(self)
+        if graph is None:
+            return
+        try:  # end the stream capture so the stream is usable again; it may already have ended
+            graph.capture_end()
+        except Exception:
+            pass
+        try:
+            graph.reset()
+        except Exception:
+            pass
+        self._release()
+
+    def instantiate(self) -> None:
+        self._graph.instantiate()
+        self._bind_replay()
+
+    def replay(self) -> None:
+        self._graph.replay()
+
+    def reset(self) -> None:
+        graph, self._graph = self._graph, None
+        self.__dict__.pop("replay", None)
+        if graph is not None:
+            self._backend.before_release(self.device)
+            graph.reset()
+            self._release()
+        self._bytes = None
+
+    def _release(self) -> None:
+        if self._handle is not None:
+            self._backend.pool_released(self._handle)
+        self._handle = self._torch_id = None
+
+    def __del__(self) -> None:
+        # Pool bookkeeping only; torch's destructor frees the executable (and syncs on ROCm).
+        if self._graph is not None and not sys.is_finalizing():
+            try:
+                self._release()
+            except Exception:
+                pass
+
+    def enable_debug_mode(self) -> None:
+        self._debug = True
+        if self._graph is not None:
+            self._graph.enable_debug_mode()
+
+    def debug_dump(self, path: str) -> None:
+        if self._debug or self.keep_graph:
+            self._backend.dump(self._graph, path)
+            return
+        # torch keeps nothing to dump unless debug mode was on before capture: say so in a DOT
+        # file rather than leave a missing file behind torch's warning.
+        warnings.warn(
+            f"debug_dump on {self.device}: call enable_debug_mode() before capture to get the "
+            f"kernel graph; wrote a placeholder to {path}",
+            stacklevel=3,
+        )
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(
+                f'digraph accel_graph {{\n  label="{self.device}: captured, debug mode was off; '
+                f'memory_bytes={self._bytes}";\n}}\n'
+            )
+
+    def memory_bytes(self) -> int | None:
+        return self._bytes
+
+
+class TorchGraphBackend(TorchPools, Backend):
+    """Mechanism shared by backends built on a torch graph class. Subclasses set ``module_name``
+    (``"cuda"``/``"xpu"``) and override the hooks below where their vendor differs."""
+
+    module_name: str = "cuda"
+    #: The vendor's own default capture mode, used for ``capture_error_mode="default"``.
+    vendor_default_mode: str = "global"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._specs: dict[int, DeviceSpec] = {}
+        self._streams: dict[int, Any] = {}
+        # thread id -> the capture it began; weak, so a dropped Graph does not block the thread
+        self._capturing: weakref.WeakValueDictionary[int, TorchGraphImpl] = (
+            weakref.WeakValueDictionary()
+        )
+
+    def refuse_nested(self, device: DeviceSpec) -> None:
+        """Raise ``CaptureError`` when this thread or the current stream is already capturing.
+
+        Checked before anything touches the device: the synchronize of ``prepare_capture``
+        inside a capture would invalidate the outer capture, and torch's own error comes only
+        after that damage."""
+        outer = self._capturing.get(threading.get_ident())
+        if outer is None and not self.is_current_stream_capturing(device):
+            return
+        where = f"a graph on {outer.device}" if outer is not None else "the current stream"
+        raise CaptureError(
+            f"cannot begin a capture on {device}: a capture is already underway ({where}); "
+            f"device graphs do not nest, so end the outer capture first (capture_end() or leave "
+            f"its `with accel_graph.graph(...)` block)"
+        )
+
+    def capture_started(self, impl: TorchGraphImpl) -> None:
+        self._capturing[threading.get_ident()] = impl
+
+    def capture_stopped(self, impl: TorchGraphImpl) -> None:
+        # capture_end may run on another thread than capture_begin: find the entry by impl.
+        for tid, active in list(self._capturing.items()):
+            if active is impl:
+                self._capturing.pop(tid, None)
+
+    @property
+    def module(self) -> Any:
+        """``torch.cuda`` or ``torch.xpu`` (looked up per call so tests can substitute fakes)."""
+        return getattr(torch, self.module_name)
+
+    # -- hooks ---------------------------------------------------------------------------
+    def device_arch(self, index: int) -> str | None:
+        """The arch string for ``DeviceSpec.arch``; None when unknown."""
+        return None
+
+    def check_device_usable(self, spec: DeviceSpec) -> None:
+        """Raise ``BackendUnavailable`` if graphs cannot run on ``spec`` (cuda: arch verdict)."""
+
+    def new_torch_graph(self, keep_graph: bool, torch_id: tuple[int, int] | None, mode: str) -> Any:
+        """A fresh torch graph object."""
+        return self.module.CUDAGraph(keep_graph)
+
+    def begin(self, graph: Any, torch_id: tuple[int, int] | None, mode: str) -> None:
+        """Start capture on ``graph`` with whichever keywords this torch accepts."""
+        params = begin_params(graph)
+        kwargs: dict[str, Any] = {}
+        if "pool" in params:
+            kwargs["pool"] = torch_id
+        if "capture_error_mode" in params:
+            kwargs["capture_error_mode"] = mode
+        graph.capture_begin(**kwargs)
+
+    def before_release(self, device: DeviceSpec) -> None:  # noqa: B027 - hip overrides
+        """Called before ``reset()`` drops a graph executable (hip synchronizes here)."""
+
+    def dump(self, graph: Any, path: str) -> None:
+        """Write torch's DOT dump of ``graph`` to ``path``."""
+        graph.debug_dump(path)
+
+    # -- modes, devices, streams -----------------------------------------------------------
+    def vendor_mode(self, mode: str) -> str:
+        """Map our ``capture_error_mode`` onto the vendor's, warning where it is ignored."""
+        honoured = self.capabilities().capture_error_modes
+        if mode not in honoured:
+            warnings.warn(
+                f"the {self.name} backend honours only capture_error_mode "
+                f"{', '.join(map(repr, honoured))}; {mode!r} is ignored",
+                stacklevel=4,
+            )
+            mode = "default"
+        return self.vendor_default_mode if mode == "default" else mode
+
+    def device_spec(self, device: torch.device) -> DeviceSpec:
+        mod = self.module
+        if device.type not in self.device_types:
+            raise BackendUnavailable(
+                f"the {self.name} backend serves {', '.join(self.device_types)} devices, not {device}"
+            )
+        # Reading the arch starts the device runtime (torch's get_device_capability does);
+        # a Graph on this device would start it anyway.
+        index = device.index if device.index is not None else int(mod.current_device())
+        spec = self._specs.get(index)
+        if spec is not None:
+            return spec
+        count = int(mod.device_count())
+        if not 0 <= index < count:
+            have = ", ".join(f"{device.type}:{i}" for i in range(count)) or "none"
+            raise BackendUnavailable(
+                f"device {device.type}:{index} does not exist: this host has {count} "
+                f"{device.type} device(s) ({have}); pass one of those"
+            )
+        spec = self._specs[index] = DeviceSpec(self.name, device.type, index, self.device_arch(index))
+        return spec
+
+    def check_current_device(self, spec: DeviceSpec) -> None:
+        current = int(self.module.current_device())
+        if current != spec.index:
+            raise CaptureError(
+                f"capture_begin for a graph on {spec}, but the current device is "
+                f"{spec.device_type}:{current}; capture with `with accel_graph.graph(g): ...` "
+                f"(it switches to the graph's device) or make {spec.device_type}:{spec.index} current"
+            )
+
+    def new_graph(self, device: DeviceSpec, *, keep_graph: bool, **options: Any) -> GraphImpl:
+        compile_ = options.pop("compile", None)
+        if options:
+            raise ConfigError(f"unknown options for the {self.name} backend: {', '.join(options)}")
+        if compile_ is not None:
+            warnings.warn(
+                f"compile={compile_!r} is ignored on the {self.name} backend: its graphs are "
+                f"already launch-free",
+                stacklevel=3,
+            )
+        self.check_device_usable(device)
+        return TorchGraphImpl(self, device, keep_graph=keep_graph)
+
+    def synchronize(self, device: DeviceSpec) -> None:
+        self.module.synchronize(device.index)
+
+    def current_stream(self, device: DeviceSpec) -> Any:
+        return self.module.current_stream(device.index)
+
+    def capture_stream(self, device: DeviceSpec) -> Any:
+        # One side stream per device, like torch.cuda.graph's class-level stream: capture on the
+        # default stream is illegal on CUDA, and sharing a pool across captures wants one stream.
+        with self._lock:
+            s = self._streams.get(device.index)  # type: ignore[arg-type]
+            if s is None:
+                s = self._streams[device.index] = self.module.Stream(device=device.index)  # type: ignore[index]
+            return s
+
+    def stream_context(self, stream: Any) -> AbstractContextManager[Any]:
+        return self.module.stream(stream)
+
+    def is_current_stream_capturing(self, device: DeviceSpec) -> bool:
+        return self._capturing_on(device.index)
+
+    def is_capturing(self, device: torch.device) -> bool:
+        # No DeviceSpec: building one reads the arch, which would start the runtime.
+        return self._capturing_on(device.index)
+
+    def _capturing_on(self, index: int | None) -> bool:
+        mod = self.module
+        if hasattr(mod, "is_initialized") and not mod.is_initialized():
+            return False  # nothing can be capturing before the runtime starts; don't start it
+        if index is not None and int(mod.current_device()) != index:
+            with mod.device(index):
+                return bool(mod.is_current_stream_capturing())
+        return bool(mod.is_current_stream_capturing())
+
+    def prepare_capture(self, device: DeviceSpec) -> None:
+        self.refuse_nested(device)
+        mod = self.module
+        mod.synchronize(device.index)
+        config = getattr(getattr(torch, "compiler", None), "config", None)
+        if getattr(config, "force_cudagraph_gc", False):
+            gc.collect()  # torch does this only on request: it is expensive per capture
+        mod.empty_cache()
+        host = getattr(torch._C, "_host_emptyCache", None) if self.module_name == "cuda" else None
+        if host is not None:
+            host()  # as torch.cuda.graph does: pinned host blocks cached before capture
+
+    def describe(self) -> Iterator[tuple[str, str]]:
+        facts = [("torch", torch.__version__), ("torch module", f"torch.{self.module_name}")]
+        try:
+            facts.append(("device_count", str(self.module.device_count())))
+        except Exception as exc:
+            facts.append(("device_count", f"unknown ({exc})"))
+        return iter(facts)

@@ -1,0 +1,229 @@
+"""Pool handles and pool memory for the backends built on torch graph classes.
+
+Our handles use *negative* ids, ``(0, -n)`` for user handles and ``(-n, 0)`` for a graph's
+private pool, because torch's own ids are positive and come from two independent counters (user
+``(0, k)`` and private ``(k, 0)``): a positive id of ours could name a pool torch gave to someone
+else. Each of our handles maps to a fresh torch user id
+(``graph_pool_handle()``) on its first capture; torch ids (tuples, ``MemPool`` objects, their
+``.id``) pass through unchanged. One pool lives on one device.
+
+Memory comes from torch's per-pool snapshot (``memory_snapshot(mempool_id=...)``), or from the
+whole ``memory._snapshot()`` filtered by ``segment_pool_id`` on torch versions without it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import PoolError
+from .base import DeviceSpec, PoolHandle, PoolStats
+
+_our_ids = itertools.count(1)
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+@dataclass
+class _Pool:
+    """Our bookkeeping for one of our handles: its torch id and how many graphs hold it."""
+
+    device: DeviceSpec
+    torch_id: tuple[int, int] | None = None
+    live: int = 0  # captured graphs currently holding this pool
+
+
+class TorchPools:
+    """Mixin for :class:`._torch_graphs.TorchGraphBackend`: needs ``name`` and ``module``."""
+
+    name: Any
+    module: Any
+
+    def __init__(self) -> None:
+        # Reentrant: a graph's __del__ releases its pool and may run from a garbage collection
+        # triggered while this thread already holds the lock.
+        self._lock = threading.RLock()
+        self._pools: dict[tuple[int, int], _Pool] = {}
+        # torch's own ids we captured into, with their device (kept: torch owns their lifetime)
+        self._foreign: dict[tuple[int, int], _Pool] = {}
+
+    # -- pools ---------------------------------------------------------------------------
+    def graph_pool_handle(self, device: DeviceSpec) -> PoolHandle:
+        # Nothing is registered until a capture uses the handle.
+        return PoolHandle(self.name, device, (0, -next(_our_ids)))
+
+    def private_pool_handle(self, device: DeviceSpec) -> PoolHandle:
+        """A new private pool for one graph's capture (torch's ``(k, 0)`` shape, our sign)."""
+        return PoolHandle(self.name, device, (-next(_our_ids), 0))
+
+    def resolve_pool(self, pool: object, device: DeviceSpec) -> PoolHandle:
+        if isinstance(pool, PoolHandle):
+            if pool.backend != self.name:
+                raise PoolError(
+                    f"pool handle {pool!r} belongs to the {pool.backend} backend, but this graph "
+                    f"is on {device}; create one with accel_graph.graph_pool_handle(device="
+                    f"'{device.device_type}:{device.index}')"
+                )
+            self._same_device(pool.device, device, pool)
+            return pool
+        raw = getattr(pool, "id", pool)  # torch.cuda.MemPool / torch.xpu.MemPool expose .id
+        if isinstance(raw, list):
+            raw = tuple(raw)
+        if not (isinstance(raw, tuple) and len(raw) == 2 and all(map(_is_int, raw))):
+            raise PoolError(
+                f"pool={pool!r} is not a pool handle; pass accel_graph.graph_pool_handle(), "
+                f"another Graph's pool(), torch's graph_pool_handle() / graph.pool() tuple, or "
+                f"a MemPool (or its .id)"
+            )
+        if raw[0] < 0 or raw[1] < 0:
+            entry = self._pools.get(raw)
+            if entry is None:
+                raise PoolError(
+                    f"pool id {raw} names no live pool of the {self.name} backend; pass the "
+                    f"PoolHandle object itself (accel_graph.graph_pool_handle() or Graph.pool())"
+                )
+            self._same_device(entry.device, device, pool)
+            return PoolHandle(self.name, entry.device, raw)
+        if (raw[0] == 0) == (raw[1] == 0):
+            raise PoolError(
+                f"pool id {raw} is not a torch pool id: exactly one element must be non-zero "
+                f"((0, k) from graph_pool_handle/MemPool, (k, 0) from a graph); pass pool=None "
+                f"for a private pool"
+            )
+        seen = self._foreign.get(raw)
+        if seen is not None:
+            self._same_device(seen.device, device, pool)
+        return PoolHandle(self.name, device, raw)
+
+    @staticmethod
+    def _same_device(have: DeviceSpec, want: DeviceSpec, pool: object) -> None:
+        if (have.device_type, have.index) != (want.device_type, want.index):
+            raise PoolError(
+                f"pool {pool!r} lives on {have.device_type}:{have.index}, but this graph is on "
+                f"{want.device_type}:{want.index}; pools are per device: create one on "
+                f"{want.device_type}:{want.index} with accel_graph.graph_pool_handle(device="
+                f"'{want.device_type}:{want.index}')"
+            )
+
+    @staticmethod
+    def _ours(handle: PoolHandle) -> bool:
+        return handle.id[0] < 0 or handle.id[1] < 0
+
+    def pool_torch_id(self, handle: PoolHandle) -> tuple[int, int] | None:
+        """The torch pool id a capture into ``handle`` uses (None: let torch pick, learn later).
+
+        An entry exists only while a graph holds the pool; when the last one is released the
+        entry goes, and the next capture gets a fresh torch id. That is deliberate: torch
+        asserts (``use_count > 0``) when a capture joins a pool whose graphs were all released
+        while tensors still hold its memory (the vLLM "throwaway pool" workaround).
+        """
+        if not self._ours(handle):
+            seen = self._foreign.get(handle.id)
+            if seen is not None:
+                self._same_device(seen.device, handle.device, handle)
+            return handle.id
+        with self._lock:
+            entry = self._pools.get(handle.id)
+            if entry is None:
+                entry = self._pools[handle.id] = _Pool(handle.device, self._fresh_torch_id())
+            return entry.torch_id
+
+    def _fresh_torch_id(self) -> tuple[int, int] | None:
+        make = getattr(self.module, "graph_pool_handle", None)
+        return None if make is None else tuple(make())  # type: ignore[return-value]
+
+    def pool_learned(self, handle: PoolHandle, graph: Any) -> tuple[int, int] | None:
+        """Record the id torch picked for a capture that had none (stacks without
+        ``graph_pool_handle``)."""
+        try:
+            tid: tuple[int, int] = tuple(graph.pool())  # type: ignore[assignment]
+        except Exception:
+            return None
+        with self._lock:
+            entry = self._pools.get(handle.id)
+            if entry is not None and entry.torch_id is None:
+                entry.torch_id = tid
+        return tid
+
+    def pool_captured(self, handle: PoolHandle) -> None:
+        """A capture into ``handle`` has begun (the graph now holds the pool)."""
+        with self._lock:
+            if self._ours(handle):
+                self._pools[handle.id].live += 1
+            else:
+                self._foreign.setdefault(handle.id, _Pool(handle.device, handle.id)).live += 1
+
+    def pool_unused(self, handle: PoolHandle) -> None:
+        """A capture into ``handle`` failed to begin: forget an entry no graph holds."""
+        with self._lock:
+            entry = self._pools.get(handle.id)
+            if entry is not None and entry.live <= 0:
+                del self._pools[handle.id]
+
+    def pool_released(self, handle: PoolHandle) -> None:
+        """A graph holding ``handle`` was reset, aborted or collected."""
+        with self._lock:
+            book = self._pools if self._ours(handle) else self._foreign
+            entry = book.get(handle.id)
+            if entry is not None:
+                entry.live -= 1
+                if entry.live <= 0 and book is self._pools:
+                    del self._pools[handle.id]
+
+    def _segments(self, torch_id: tuple[int, int], index: int | None) -> list[dict] | None:
+        """Segments of one torch pool on one device from torch's snapshot; None if unavailable."""
+        mod = self.module
+        segs = None
+        snap = getattr(mod, "memory_snapshot", None)
+        if snap is not None:
+            for kwargs in ({"mempool_id": torch_id, "include_traces": False}, {"mempool_id": torch_id}):
+                try:
+                    segs = snap(**kwargs)
+                    break
+                except TypeError:
+                    continue
+                except Exception:
+                    return None
+        whole = segs is None
+        if whole:  # older torch: the whole snapshot, filtered by pool below
+            try:
+                segs = mod.memory._snapshot()["segments"]
+            except Exception:
+                return None
+        out = []
+        for s in segs:
+            pid = s.get("segment_pool_id")
+            # A per-pool snapshot already holds only that pool; the whole one must say so.
+            if (pid is None and whole) or (pid is not None and tuple(pid) != torch_id):
+                continue
+            if index is not None and s.get("device", index) != index:
+                continue
+            out.append(s)
+        return out
+
+    def pool_reserved(self, torch_id: tuple[int, int], device: DeviceSpec) -> int | None:
+        """Bytes of segments torch's pool ``torch_id`` holds on ``device``; None if unknown."""
+        segs = self._segments(torch_id, device.index)
+        return None if segs is None else sum(int(s.get("total_size", 0)) for s in segs)
+
+    def pool_stats(self, pool: PoolHandle) -> PoolStats | None:
+        with self._lock:
+            entry = (self._pools if self._ours(pool) else self._foreign).get(pool.id)
+        if self._ours(pool) and (entry is None or entry.torch_id is None):
+            return PoolStats(0, 0, 0, 0, {"torch_pool_id": None})  # no graph holds it (any more)
+        tid = entry.torch_id if entry is not None and entry.torch_id else pool.id
+        graphs = 0 if entry is None else entry.live
+        segs = self._segments(tid, pool.device.index)
+        if segs is None:
+            return None
+        return PoolStats(
+            sum(int(s.get("total_size", 0)) for s in segs),
+            sum(int(s.get("allocated_size", 0)) for s in segs),
+            len(segs),
+            graphs,
+            {"torch_pool_id": tid},
+        )
