@@ -19,6 +19,7 @@ __all__ = [
     "OutOfMemoryError",
     "PoolError",
     "ReplayError",
+    "TraceFormatError",
 ]
 
 
@@ -59,3 +60,11 @@ class PoolError(ConfigError):
 
 class OutOfMemoryError(AccelGraphError, torch.OutOfMemoryError, MemoryError):
     """A pool or allocator could not satisfy a request. Catchable as torch's OOM and MemoryError."""
+
+
+class TraceFormatError(AccelGraphError, ValueError):
+    """A trace file or object is not a well-formed allocator trace (truncated, corrupt, hostile).
+
+    The message says what is wrong, where, and what to do. Raised before anything in the file
+    is executed or trusted.
+    """

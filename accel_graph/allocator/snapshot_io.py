@@ -1,0 +1,528 @@
+"""Snapshot data in and out: the error type, the event record, limits, sniffing, and the
+checked conversion between PyTorch's snapshot dicts and event arrays.
+
+The event record (:data:`TRACE_DTYPE`) is the in-memory and on-disk (compact format) layout of
+one allocator event. It is a fixed 48-byte little-endian C struct so that the C engine can
+read an array of them directly::
+
+    struct event { uint8_t action; uint8_t pad[3]; int32_t frames;
+                   uint64_t addr; uint64_t size; int64_t stream; int64_t time_us; int64_t pool; };
+
+``action`` is a code from :data:`accel_graph.allocator.trace.ACTIONS`; ``frames`` indexes the
+trace's interned stacks (-1: none); ``addr`` holds ``device_free`` for ``oom`` events (which have
+no address); ``time_us`` is -1 when the recording had no timestamps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from ..errors import TraceFormatError
+from .trace import ACTION_CODE, ACTIONS
+
+__all__ = [
+    "DEVICE_TYPES",
+    "NO_FRAMES",
+    "NO_TIME",
+    "TRACE_DTYPE",
+    "SnapshotParts",
+    "TraceFormatError",
+    "TraceLimits",
+    "bulk_objects",
+    "events_to_entries",
+    "read_snapshot",
+    "sniff_format",
+]
+
+
+TRACE_DTYPE = np.dtype(
+    {
+        "names": ["action", "frames", "addr", "size", "stream", "time_us", "pool"],
+        "formats": ["u1", "<i4", "<u8", "<u8", "<i8", "<i8", "<i8"],
+        "offsets": [0, 4, 8, 16, 24, 32, 40],
+        "itemsize": 48,
+    }
+)
+NO_FRAMES = -1
+NO_TIME = -1
+
+#: Leading bytes of the compact binary format (the 0x89 catches text-mode mangling, as in PNG).
+COMPACT_MAGIC = b"\x89AGTRACE"
+#: Top-level key under which our writers record what torch's format has no place for.
+META_KEY = "accel_graph"
+
+FORMATS = ("pickle", "json", "compact")
+DEVICE_TYPES = ("cuda", "rocm", "xpu", "npu")
+
+
+@dataclass(frozen=True)
+class TraceLimits:
+    """Upper bounds a loader enforces before it trusts a file; raise them for huge traces.
+
+    A pickle can expand to many times its size in memory, so ``max_file_bytes`` is the main
+    guard; the others turn absurd values into clear errors instead of silent nonsense.
+    """
+
+    max_file_bytes: int = 4 << 30
+    max_events: int = 500_000_000
+    max_devices: int = 4096
+    max_segments: int = 50_000_000
+    max_blocks: int = 500_000_000
+    max_stack_depth: int = 100_000
+    #: No allocation, segment or free-memory figure can exceed this many bytes (1 PiB).
+    max_bytes_value: int = 1 << 50
+    max_nesting: int = 64
+
+
+DEFAULT_LIMITS = TraceLimits()
+
+
+def sniff_format(head: bytes) -> str | None:
+    """Guess a file's format from its first bytes: "compact", "json", "pickle" or None."""
+    if head.startswith(COMPACT_MAGIC):
+        return "compact"
+    stripped = head.lstrip(b" \t\r\n")
+    if stripped[:1] in (b"{", b"["):
+        return "json"
+    if head[:1] == b"\x80" or head[:1] in (b"(", b"]", b"}"):
+        return "pickle"  # protocol >= 2 starts with PROTO; 0/1 with MARK or an empty container
+    return None
+
+
+BLOCK_STATES = ("active_allocated", "active_pending_free", "active_awaiting_free", "inactive")
+_EVENT_KEYS = frozenset({"action", "addr", "size", "stream", "time_us", "frames", "device_free"})
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+_UINT64_MAX = (1 << 64) - 1
+_PLAIN_SCALARS = (str, int, float, bool, type(None))
+_OOM = ACTION_CODE["oom"]
+
+Frame = dict[str, Any]
+Stack = tuple[Frame, ...]
+
+
+class SnapshotParts(NamedTuple):
+    """The checked contents of a snapshot object (see :class:`~.snapshot.Trace` fields)."""
+
+    device_traces: list[np.ndarray]
+    segments: list[dict[str, Any]]
+    allocator_settings: dict[str, Any] | None
+    device_type: str | None
+    stacks: list[Stack]
+    external_annotations: list[Any] | None
+    event_extras: dict[tuple[int, int], dict[str, Any]]
+    extra: dict[str, Any]
+
+
+def read_snapshot(obj: object, source: str, limits: TraceLimits) -> SnapshotParts:
+    """Check an untrusted snapshot object (dict format or legacy list) and convert it.
+
+    Raises :class:`TraceFormatError` for anything that is not plain snapshot data.
+    """
+    return _SnapshotReader(source, limits).read(obj)
+
+
+class _SnapshotReader:
+    """Turns an untrusted snapshot object into a Trace, checking every value it keeps."""
+
+    def __init__(self, source: str, limits: TraceLimits) -> None:
+        self.source = source
+        self.limits = limits
+        self.stack_index: dict[tuple[int, ...], int] = {}
+        self.stack_by_id: dict[int, int] = {}
+        self.frames: list[Frame] = []
+        self.frame_index: dict[tuple[Any, ...], int] = {}
+        self.frame_by_id: dict[int, int] = {}
+        self.stacks: list[Stack] = []
+        self.checked: set[int] = set()
+        # Objects whose id() is cached in stack_by_id, kept alive so no id is ever reused.
+        self.keep_alive: list[object] = []
+
+    def fail(self, where: str, what: str) -> TraceFormatError:
+        return TraceFormatError(
+            f"{self.source}: {where}: {what}. This is not a valid PyTorch memory snapshot; "
+            "check that the file is a complete _dump_snapshot()/save_trace() output."
+        )
+
+    def read(self, obj: object) -> SnapshotParts:
+        if isinstance(obj, list):  # legacy format: torch.cuda.memory_snapshot() segments only
+            obj = {"segments": obj}
+        if not isinstance(obj, dict):
+            raise self.fail("top level", f"expected a dict or a list, got {type(obj).__name__}")
+        if "segments" not in obj and "device_traces" not in obj:
+            keys = ", ".join(repr(k) for k in list(obj)[:10])
+            raise self.fail("top level", f"no 'segments' or 'device_traces' key (keys: {keys})")
+        segments = self.segments(obj.get("segments", []))
+        traces, extras = self.device_traces(obj.get("device_traces", []))
+        settings = obj.get("allocator_settings")
+        if settings is not None:
+            if not isinstance(settings, dict):
+                raise self.fail("allocator_settings", "expected a dict")
+            self.plain(settings, "allocator_settings")
+        annotations = obj.get("external_annotations")
+        if annotations is not None:
+            if not isinstance(annotations, list):
+                raise self.fail("external_annotations", "expected a list")
+            self.plain(annotations, "external_annotations")
+        meta = obj.get(META_KEY)
+        device_type = None
+        if isinstance(meta, dict) and meta.get("device_type") in DEVICE_TYPES:
+            device_type = meta["device_type"]
+        known = {
+            "segments",
+            "device_traces",
+            "allocator_settings",
+            "external_annotations",
+            META_KEY,
+        }
+        extra = {k: v for k, v in obj.items() if k not in known}
+        for k, v in extra.items():
+            if not isinstance(k, str):
+                raise self.fail("top level", f"non-string key {type(k).__name__}")
+            self.plain(v, k)
+        return SnapshotParts(
+            traces, segments, settings, device_type, self.stacks, annotations, extras, extra
+        )
+
+    # -- generic plain-data check (for what we keep verbatim)
+    def plain(self, obj: object, where: str, depth: int = 0) -> None:
+        if isinstance(obj, _PLAIN_SCALARS):
+            return
+        if depth > self.limits.max_nesting:
+            raise self.fail(where, f"nested deeper than {self.limits.max_nesting} levels")
+        if id(obj) in self.checked:  # shared sub-objects are checked once (no blow-up)
+            return
+        if isinstance(obj, dict):
+            self.checked.add(id(obj))
+            for k, v in obj.items():
+                if not isinstance(k, (str, int)):
+                    raise self.fail(where, f"dict key of type {type(k).__name__}")
+                self.plain(v, f"{where}.{k}", depth + 1)
+        elif isinstance(obj, (list, tuple)):
+            self.checked.add(id(obj))
+            for i, v in enumerate(obj):
+                self.plain(v, f"{where}[{i}]", depth + 1)
+        else:
+            raise self.fail(
+                where, f"value of type {type(obj).__name__}, which snapshots never hold"
+            )
+
+    def integer(self, value: object, where: str, lo: int = 0, hi: int | None = None) -> int:
+        hi = self.limits.max_bytes_value if hi is None else hi
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise self.fail(where, f"expected an integer, got {type(value).__name__}")
+        if value < lo:
+            raise self.fail(where, f"negative value {value}")
+        if value > hi:
+            raise self.fail(where, f"absurd value {value} (limit {hi})")
+        return value
+
+    def segments(self, segments: object) -> list[dict[str, Any]]:
+        if not isinstance(segments, list):
+            raise self.fail("segments", f"expected a list, got {type(segments).__name__}")
+        if len(segments) > self.limits.max_segments:
+            raise self.fail("segments", f"{len(segments)} segments exceed the limit")
+        out = []
+        blocks_seen = 0
+        for i, seg in enumerate(segments):
+            where = f"segments[{i}]"
+            if not isinstance(seg, dict):
+                raise self.fail(where, f"expected a dict, got {type(seg).__name__}")
+            for key in ("address", "total_size", "blocks"):
+                if key not in seg:
+                    raise self.fail(where, f"missing '{key}'")
+            self.integer(seg["address"], f"{where}.address", hi=_UINT64_MAX)
+            self.integer(seg["total_size"], f"{where}.total_size")
+            for key in ("allocated_size", "active_size", "requested_size"):
+                if key in seg:
+                    self.integer(seg[key], f"{where}.{key}")
+            if "device" in seg:
+                self.integer(seg["device"], f"{where}.device", hi=self.limits.max_devices - 1)
+            if "stream" in seg:
+                self.integer(seg["stream"], f"{where}.stream", _INT64_MIN, _INT64_MAX)
+            blocks = seg["blocks"]
+            if not isinstance(blocks, list):
+                raise self.fail(f"{where}.blocks", "expected a list")
+            blocks_seen += len(blocks)
+            if blocks_seen > self.limits.max_blocks:
+                raise self.fail(where, "too many blocks")
+            for j, b in enumerate(blocks):
+                bw = f"{where}.blocks[{j}]"
+                if not isinstance(b, dict):
+                    raise self.fail(bw, f"expected a dict, got {type(b).__name__}")
+                if "size" not in b:
+                    raise self.fail(bw, "missing 'size'")
+                self.integer(b["size"], f"{bw}.size")
+                if "requested_size" in b:
+                    self.integer(b["requested_size"], f"{bw}.requested_size")
+                if "state" in b and not isinstance(b["state"], str):
+                    raise self.fail(f"{bw}.state", "expected a string")
+            pool = seg.get("segment_pool_id")
+            seg = dict(seg)
+            if isinstance(pool, list):  # JSON has no tuples; torch writes a 2-tuple
+                seg["segment_pool_id"] = tuple(pool)
+            self.plain(seg, where)
+            out.append(seg)
+        return out
+
+    def stack(self, frames: object, where: str) -> int:
+        """Intern a frames list. Pickles share frame dicts (and sometimes whole lists) through
+        their memo, so both are cached by identity: each distinct object is checked once."""
+        index = self.stack_by_id.get(id(frames))
+        if index is not None:
+            return index
+        if type(frames) is not list:
+            raise self.fail(where, f"frames must be a list, got {type(frames).__name__}")
+        if not frames:
+            index = NO_FRAMES
+        else:
+            if len(frames) > self.limits.max_stack_depth:
+                raise self.fail(where, f"{len(frames)} frames exceed the limit")
+            by_id = self.frame_by_id
+            key = tuple([by_id.get(id(f)) or self.frame(f, where) for f in frames])
+            index = self.stack_index.get(key)
+            if index is None:
+                index = self.stack_index[key] = len(self.stacks)
+                self.stacks.append(tuple(self.frames[k - 1] for k in key))
+        self.stack_by_id[id(frames)] = index
+        self.keep_alive.append(frames)
+        return index
+
+    def frame(self, frame: object, where: str) -> int:
+        """Check and intern one frame dict; returns its 1-based id (0 is never used)."""
+        if type(frame) is not dict:
+            raise self.fail(where, f"a frame must be a dict, got {type(frame).__name__}")
+        for k, v in frame.items():
+            if type(k) is not str or not isinstance(v, _PLAIN_SCALARS):
+                raise self.fail(where, f"frame entry {k!r} must map a string to a scalar")
+        content = tuple(frame.items())
+        fid = self.frame_index.get(content)
+        if fid is None:
+            self.frames.append(frame)
+            fid = self.frame_index[content] = len(self.frames)
+        self.frame_by_id[id(frame)] = fid
+        self.keep_alive.append(frame)
+        return fid
+
+    def device_traces(
+        self, traces: object
+    ) -> tuple[list[np.ndarray], dict[tuple[int, int], dict[str, Any]]]:
+        if not isinstance(traces, list):
+            raise self.fail("device_traces", f"expected a list, got {type(traces).__name__}")
+        if len(traces) > self.limits.max_devices:
+            raise self.fail("device_traces", f"{len(traces)} devices exceed the limit")
+        total = sum(len(t) for t in traces if isinstance(t, list))
+        if total > self.limits.max_events:
+            raise self.fail("device_traces", f"{total} events exceed the limit")
+        arrays = []
+        extras: dict[tuple[int, int], dict[str, Any]] = {}
+        for device, entries in enumerate(traces):
+            if not isinstance(entries, list):
+                raise self.fail(f"device_traces[{device}]", "expected a list of events")
+            arrays.append(self.events(device, entries, extras))
+        return arrays, extras
+
+    def events(
+        self, device: int, entries: list[Any], extras: dict[tuple[int, int], dict[str, Any]]
+    ) -> np.ndarray:
+        """One device's events. A column-at-a-time fast path handles well-formed data; on any
+        doubt the per-event path runs instead and produces the precise error message."""
+        fast = self.events_fast(device, entries, extras)
+        return fast if fast is not None else self.events_checked(device, entries, extras)
+
+    def events_fast(
+        self, device: int, entries: list[Any], extras: dict[tuple[int, int], dict[str, Any]]
+    ) -> np.ndarray | None:
+        if not entries:
+            return np.empty(0, TRACE_DTYPE)
+        if set(map(type, entries)) != {dict}:
+            return None
+        try:
+            codes = list(map(ACTION_CODE.get, [e.get("action") for e in entries]))
+        except TypeError:  # an unhashable action
+            return None
+        if None in codes:
+            return None
+        addr = _column(entries, "addr", None)
+        if _OOM in codes:
+            for i in [i for i, c in enumerate(codes) if c == _OOM]:
+                addr[i] = entries[i].get("device_free")
+        size = _column(entries, "size", None)
+        stream = _column(entries, "stream", 0)
+        time_us = _column(entries, "time_us", None)
+        pool = _column(entries, "pool_id", 0)
+        absent = time_us.count(None)
+        if absent:
+            time_us = [NO_TIME if t is None else t for t in time_us]
+        for column in (addr, size, stream, time_us, pool):
+            if set(map(type, column)) != {int}:
+                return None  # bool, float, None, str...: let the checked path say which
+        try:
+            out = np.empty(len(entries), TRACE_DTYPE)
+            out["action"] = np.array(codes, np.uint8)
+            out["addr"] = np.array(addr, np.uint64)
+            out["size"] = sizes = np.array(size, np.uint64)
+            out["stream"] = np.array(stream, np.int64)
+            out["time_us"] = times = np.array(time_us, np.int64)
+            out["pool"] = np.array(pool, np.int64)
+        except OverflowError:
+            return None
+        if int(sizes.max()) > self.limits.max_bytes_value or int(times.min()) < NO_TIME:
+            return None
+        if int(np.count_nonzero(times == NO_TIME)) != absent:
+            return None  # an explicit time_us of -1
+        by_id, stack, where = self.stack_by_id, self.stack, f"device_traces[{device}]"
+        frames = []
+        for fr in _column(entries, "frames", None):
+            if fr is None or fr == []:  # only an empty *list* equals []
+                frames.append(NO_FRAMES)
+            else:
+                index = by_id.get(id(fr))
+                frames.append(stack(fr, where) if index is None else index)
+        out["frames"] = np.array(frames, np.int32)
+        known = _EVENT_KEYS | {"pool_id"}
+        for i in [i for i, e in enumerate(entries) if not known.issuperset(e)]:
+            other = {k: v for k, v in entries[i].items() if k not in known}
+            self.plain(other, f"device_traces[{device}][{i}]")
+            extras[(device, i)] = other
+        return out
+
+    def events_checked(
+        self, device: int, entries: list[Any], extras: dict[tuple[int, int], dict[str, Any]]
+    ) -> np.ndarray:
+        n = len(entries)
+        # Python lists, converted once at the end: per-element numpy stores are slower.
+        action, frames, addr, size, stream, time_us, pool = ([0] * n for _ in range(7))
+        for i, e in enumerate(entries):
+            if not isinstance(e, dict):
+                raise self.fail(f"device_traces[{device}][{i}]", "expected an event dict")
+            name = e.get("action")
+            code = ACTION_CODE.get(name) if isinstance(name, str) else None
+            if code is None:
+                raise self.fail(
+                    f"device_traces[{device}][{i}]",
+                    f"unknown action {e.get('action')!r} (known: {', '.join(ACTIONS)})",
+                )
+            action[i] = code
+            try:
+                a = e["device_free"] if code == _OOM else e["addr"]
+                s = e["size"]
+            except KeyError as k:
+                raise self.fail(f"device_traces[{device}][{i}]", f"missing {k}") from None
+            if (type(a) is not int or type(s) is not int or not 0 <= a <= _UINT64_MAX
+                    or not 0 <= s <= self.limits.max_bytes_value):  # fmt: skip
+                where = f"device_traces[{device}][{i}] ({ACTIONS[code]})"
+                self.integer(a, f"{where}.addr", hi=_UINT64_MAX)
+                self.integer(s, f"{where}.size")
+            addr[i], size[i] = a, s
+            st = e.get("stream", 0)
+            if type(st) is not int or not _INT64_MIN <= st <= _INT64_MAX:
+                self.integer(st, f"device_traces[{device}][{i}].stream", _INT64_MIN, _INT64_MAX)
+            stream[i] = st
+            t = e.get("time_us")
+            if t is None:
+                t = NO_TIME
+            elif type(t) is not int or not 0 <= t <= _INT64_MAX:
+                self.integer(t, f"device_traces[{device}][{i}].time_us", 0, _INT64_MAX)
+            time_us[i] = t
+            p = e.get("pool_id", 0)
+            if type(p) is not int:
+                self.integer(p, f"device_traces[{device}][{i}].pool_id", _INT64_MIN, _INT64_MAX)
+            pool[i] = p
+            fr = e.get("frames")
+            frames[i] = NO_FRAMES if fr is None else self.stack(fr, f"device_traces[{device}][{i}]")
+            if len(e) > 2 and not _EVENT_KEYS.issuperset(e):
+                other = {k: v for k, v in e.items() if k not in _EVENT_KEYS and k != "pool_id"}
+                if other:
+                    self.plain(other, f"device_traces[{device}][{i}]")
+                    extras[(device, i)] = other
+        out = np.empty(n, TRACE_DTYPE)
+        out["action"], out["frames"] = np.array(action, np.uint8), np.array(frames, np.int32)
+        try:
+            out["addr"] = np.array(addr, np.uint64)
+            out["size"] = np.array(size, np.uint64)
+            out["stream"] = np.array(stream, np.int64)
+            out["time_us"] = np.array(time_us, np.int64)
+            out["pool"] = np.array(pool, np.int64)
+        except OverflowError as e:
+            raise self.fail(f"device_traces[{device}]", f"value out of range ({e})") from None
+        return out
+
+
+def _column(entries: list[dict[str, Any]], key: str, default: object) -> list[Any]:
+    """``[e.get(key, default) for e in entries]``, but subscripting when every event has the key
+    (a plain subscript is much cheaper than a method call, and a million events add up)."""
+    try:
+        return [e[key] for e in entries]
+    except KeyError:
+        return [e.get(key, default) for e in entries]
+
+
+@contextlib.contextmanager
+def bulk_objects() -> Iterator[None]:
+    """Pause the cyclic garbage collector while millions of acyclic dicts are built or read.
+
+    Each container allocation counts towards a collection, and collections walk every live
+    object: for a million-event snapshot that is most of the time spent. Nothing built here is
+    cyclic, and the previous state is restored even on error.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def events_to_entries(
+    a: np.ndarray,
+    stacks: list[Stack],
+    event_extras: dict[tuple[int, int], dict[str, Any]],
+    device: int,
+) -> list[dict[str, Any]]:
+    """One device's events as torch's trace-entry dicts, in torch's key order.
+
+    ``oom`` carries ``device_free`` instead of ``addr``; ``time_us`` appears only when recorded;
+    ``pool_id`` only when nonzero. Pass no ``stacks`` to write empty frames.
+    """
+    copies: dict[int, dict[str, Any]] = {}  # one copy per frame, shared like torch shares them
+    frame_lists = [[copies.setdefault(id(f), dict(f)) for f in s] for s in stacks]
+    names = list(ACTIONS)
+    act, addr, size = a["action"].tolist(), a["addr"].tolist(), a["size"].tolist()
+    stream, time_us = a["stream"].tolist(), a["time_us"].tolist()
+    fr = a["frames"].tolist() if stacks else [NO_FRAMES] * len(a)
+    timed = bool(len(a)) and bool((a["time_us"] != NO_TIME).all())
+    # One dict display per event in a comprehension: several times faster than a loop.
+    if timed:
+        entries = [
+            {"action": names[c], "addr": ad, "size": sz, "stream": st, "time_us": t,
+             "frames": list(frame_lists[f]) if f >= 0 else []}
+            for c, ad, sz, st, t, f in zip(act, addr, size, stream, time_us, fr, strict=True)
+        ]  # fmt: skip
+    else:
+        entries = [
+            {"action": names[c], "addr": ad, "size": sz, "stream": st,
+             "frames": list(frame_lists[f]) if f >= 0 else []}
+            for c, ad, sz, st, f in zip(act, addr, size, stream, fr, strict=True)
+        ]  # fmt: skip
+        if len(a):  # some (not all) events carry a time: insert it in torch's key order
+            for i in np.flatnonzero(a["time_us"] != NO_TIME).tolist():
+                e = entries[i]
+                entries[i] = {**{k: e[k] for k in ("action", "addr", "size", "stream")},
+                              "time_us": time_us[i], "frames": e["frames"]}  # fmt: skip
+    for i in np.flatnonzero(a["action"] == _OOM).tolist():
+        e = entries[i]
+        entries[i] = {"action": "oom", "device_free": e["addr"],
+                      **{k: v for k, v in e.items() if k not in ("action", "addr")}}  # fmt: skip
+    for i in np.flatnonzero(a["pool"] != 0).tolist():
+        entries[i]["pool_id"] = int(a["pool"][i])
+    for (d, i), extra in event_extras.items():
+        if d == device:
+            entries[i].update(extra)
+    return entries
