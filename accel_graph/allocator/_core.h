@@ -1,0 +1,227 @@
+/* accel-graph allocator core: the C API.
+ *
+ * One engine is one device's caching allocator: a policy (PyTorch's `native` CUDA caching
+ * allocator or XPU's simpler one) over an upstream raw allocator (host memory, a counting
+ * simulator, or cudaMalloc/hipMalloc resolved with dlopen at run time).
+ *
+ * Contract for every function: nothing here prints, aborts or longjmps. Failures return a
+ * negative status (AG_ERR_*), leave the engine consistent and usable, and put a one-line
+ * reason in ag_last_error(). Functions returning a pointer or an id return it as a positive
+ * int64 and a negative status on failure. Engines are not thread-safe: callers serialise.
+ *
+ * Only the text between the CDEF markers is given to cffi's cdef (it cannot read #include or
+ * include guards), so keep that part free of preprocessor lines.
+ */
+#ifndef ACCEL_GRAPH_ALLOCATOR_CORE_H
+#define ACCEL_GRAPH_ALLOCATOR_CORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* CDEF BEGIN */
+enum {
+    AG_OK = 0,
+    AG_ERR_OOM = -1,         /* the request cannot be served: cap, fraction or upstream full */
+    AG_ERR_INVALID = -2,     /* bad argument: size <= 0, unknown stream, bad setting */
+    AG_ERR_BAD_PTR = -3,     /* pointer unknown to this engine or already freed */
+    AG_ERR_POOL = -4,        /* unknown or released private pool id */
+    AG_ERR_UNSUPPORTED = -5, /* valid request this upstream/policy cannot do */
+    AG_ERR_UPSTREAM = -6,    /* the upstream failed for a reason other than memory */
+    AG_ERR_NOMEM = -7,       /* host malloc failed for allocator metadata */
+    AG_ERR_LOAD = -8,        /* the device runtime library could not be loaded */
+    AG_ERR_STATE = -9        /* call not legal in the current state (end without begin, ...) */
+};
+
+enum { AG_POLICY_NATIVE = 0, AG_POLICY_XPU = 1 };
+/* Private pool flags (torch's MemPool arguments). */
+enum { AG_POOL_NO_SPLIT = 1, AG_POOL_USE_ON_OOM = 2 };
+enum { AG_UPSTREAM_HOST = 0, AG_UPSTREAM_COUNTING = 1, AG_UPSTREAM_DEVICE = 2 };
+
+/* Action codes: identical to accel_graph/allocator/trace.py ACTIONS (never renumber). */
+enum {
+    AG_EV_ALLOC = 0,
+    AG_EV_FREE_REQUESTED = 1,
+    AG_EV_FREE_COMPLETED = 2,
+    AG_EV_SEGMENT_ALLOC = 3,
+    AG_EV_SEGMENT_FREE = 4,
+    AG_EV_SEGMENT_MAP = 5,
+    AG_EV_SEGMENT_UNMAP = 6,
+    AG_EV_OOM = 7
+};
+
+/* Block states reported by ag_layout. */
+enum { AG_BLOCK_INACTIVE = 0, AG_BLOCK_ALLOCATED = 1, AG_BLOCK_PENDING_FREE = 2, AG_BLOCK_UNMAPPED = 3 };
+
+/* Replay opcodes for ag_replay (one C call runs a whole trace). */
+enum {
+    AG_OP_MALLOC = 0,         /* size, stream; id = slot that receives the pointer */
+    AG_OP_FREE = 1,           /* id = slot; an empty slot (failed malloc) is skipped */
+    AG_OP_RECORD_STREAM = 2,  /* id = slot, stream = the using stream */
+    AG_OP_PROCESS_EVENTS = 3,
+    AG_OP_SYNCHRONIZE = 4,
+    AG_OP_EMPTY_CACHE = 5,
+    AG_OP_BEGIN_POOL = 6,     /* id = pool id, stream = filter (-1: every stream) */
+    AG_OP_END_POOL = 7,       /* id = pool id */
+    AG_OP_RELEASE_POOL = 8,   /* id = pool id */
+    AG_OP_MALLOC_POOL = 9     /* like MALLOC, into the private pool given as size2 */
+};
+
+typedef struct {
+    int32_t policy;                   /* AG_POLICY_* */
+    int32_t upstream;                 /* AG_UPSTREAM_* */
+    uint64_t max_split_size;          /* UINT64_MAX: unlimited (torch's SIZE_MAX) */
+    uint64_t max_non_split_rounding_size;
+    uint64_t large_segment_size;      /* 20 MiB by default; also the large ES page */
+    uint32_t roundup_power2_divisions[16];
+    double garbage_collection_threshold; /* 0: off */
+    double memory_fraction;           /* < 0: never set (torch's default) */
+    int32_t expandable_segments;
+    int32_t device_kind;              /* device upstream: 0 = CUDA runtime, 1 = HIP */
+    uint64_t cap;                     /* 0: no cap; else the upstream refuses to hold more */
+    uint64_t capacity;                /* total device memory; 0: derive (cap, host RAM, driver) */
+} ag_settings;
+
+typedef struct {
+    int64_t current;
+    int64_t peak;
+    int64_t allocated;
+    int64_t freed;
+} ag_stat;
+
+/* Index 0 = all, 1 = small_pool, 2 = large_pool (torch's StatType order). */
+typedef struct {
+    ag_stat allocation[3];
+    ag_stat segment[3];
+    ag_stat active[3];
+    ag_stat inactive_split[3];
+    ag_stat allocated_bytes[3];
+    ag_stat reserved_bytes[3];
+    ag_stat active_bytes[3];
+    ag_stat inactive_split_bytes[3];
+    ag_stat requested_bytes[3];
+    ag_stat oversize_allocations;
+    ag_stat oversize_segments;
+    int64_t num_alloc_retries;
+    int64_t num_ooms;
+    int64_t num_sync_all_streams;
+    int64_t num_device_alloc;         /* torch: device mallocs + ES maps */
+    int64_t num_device_free;          /* torch: device frees + ES unmaps */
+    int64_t device_mallocs;
+    int64_t device_frees;
+    int64_t device_maps;
+    int64_t device_unmaps;
+    int64_t upstream_bytes;           /* bytes the upstream holds right now */
+    int64_t upstream_peak_bytes;
+} ag_stats;
+
+typedef struct {
+    int32_t kind;                     /* 0 = none yet, 1 = cache exhausted, 2 = more than 1 EB */
+    int32_t stream;
+    int32_t fraction_set;
+    int32_t expandable_segments;
+    uint64_t requested;
+    uint64_t rounded;
+    uint64_t alloc_size;
+    uint64_t capacity;                /* UINT64_MAX: unbounded */
+    uint64_t device_free;
+    uint64_t allowed;
+    uint64_t reserved;
+    uint64_t allocated;
+    uint64_t cached_in_private_pools;
+} ag_oom_info;
+
+typedef struct {
+    uint64_t address;                 /* base of the allocation or of the ES address range */
+    uint64_t size;
+    int64_t pool_id;                  /* 0: default pools */
+    int32_t stream;
+    int32_t is_small;
+    int32_t is_expandable;
+    int32_t n_blocks;
+    int64_t first_block;              /* index into the block array */
+} ag_segment_info;
+
+typedef struct {
+    uint64_t address;
+    uint64_t size;
+    uint64_t requested_size;
+    int32_t state;                    /* AG_BLOCK_* */
+    int32_t stream;
+} ag_block_info;
+
+typedef struct {
+    int64_t seq;                      /* per-engine sequence number, from 0 */
+    int64_t time_us;                  /* Unix-epoch microseconds, as torch's trace */
+    uint64_t addr;                    /* oom: the free device bytes, as torch does */
+    uint64_t size;
+    int64_t pool_id;
+    int32_t stream;
+    int32_t action;                   /* AG_EV_* */
+} ag_event;
+
+typedef struct {
+    int32_t op;
+    int32_t stream;
+    int64_t size;
+    int64_t id;
+    int64_t size2;
+} ag_op;
+
+typedef struct {
+    int64_t segments;                 /* ordinary segments and expandable ranges */
+    int64_t reserved_bytes;           /* segment bytes, mapped pages for expandable ranges */
+    int64_t allocated_bytes;
+    int64_t active_bytes;             /* allocated + pending cross-stream frees */
+    int64_t blocks_allocated;
+    int32_t use_count;
+    int32_t freeable;
+} ag_pool_info;
+
+typedef struct ag_engine ag_engine;
+
+int ag_engine_create(const ag_settings *settings, const char *device_libs, ag_engine **out,
+                     char *err, size_t errlen);
+void ag_engine_destroy(ag_engine *e);
+const char *ag_last_error(const ag_engine *e);
+
+int64_t ag_malloc(ag_engine *e, int64_t size, int32_t stream, int64_t pool_id);
+int ag_free(ag_engine *e, uint64_t ptr);
+int ag_record_stream(ag_engine *e, uint64_t ptr, int32_t stream);
+int ag_process_events(ag_engine *e);
+int ag_synchronize(ag_engine *e);
+int ag_empty_cache(ag_engine *e);
+int64_t ag_block_size(ag_engine *e, uint64_t ptr);
+
+int32_t ag_create_stream(ag_engine *e);
+int32_t ag_num_streams(const ag_engine *e);
+int64_t ag_create_pool(ag_engine *e, int32_t flags); /* AG_POOL_* bits */
+int ag_begin_allocate_to_pool(ag_engine *e, int64_t pool_id, int32_t stream);
+int ag_end_allocate_to_pool(ag_engine *e, int64_t pool_id);
+int ag_release_pool(ag_engine *e, int64_t pool_id);
+int ag_pool_use_count(const ag_engine *e, int64_t pool_id);
+int ag_pool_info_get(const ag_engine *e, int64_t pool_id, ag_pool_info *out);
+int ag_set_memory_fraction(ag_engine *e, double fraction);
+
+void ag_get_stats(const ag_engine *e, ag_stats *out);
+void ag_reset_peak_stats(ag_engine *e);
+void ag_reset_accumulated_stats(ag_engine *e);
+void ag_last_oom(const ag_engine *e, ag_oom_info *out);
+uint64_t ag_capacity(const ag_engine *e);
+
+int ag_layout_counts(const ag_engine *e, int64_t *n_segments, int64_t *n_blocks);
+int ag_layout(const ag_engine *e, ag_segment_info *segs, int64_t max_segs, ag_block_info *blocks,
+              int64_t max_blocks);
+
+int ag_events_enable(ag_engine *e, int32_t on, int64_t max_entries);
+int64_t ag_events_count(const ag_engine *e);
+int64_t ag_events_drain(ag_engine *e, ag_event *out, int64_t max);
+
+int ag_replay(ag_engine *e, const ag_op *ops, int64_t n, uint64_t *slots, int64_t nslots,
+              int64_t *results, int64_t *n_done);
+
+uint64_t ag_round_size(const ag_settings *s, uint64_t size);
+uint64_t ag_rp2_next_division(uint64_t size, uint32_t divisions);
+uint64_t ag_allocation_size(const ag_settings *s, uint64_t size);
+/* CDEF END */
+
+#endif

@@ -1,0 +1,622 @@
+"""The caching-allocator engine: a thin Python face over the C core (``_core``, built by cffi).
+
+One :class:`Engine` is one device's caching allocator: a policy (``"native"``, PyTorch's CUDA
+caching allocator; ``"xpu"``, XPU's simpler one) over an upstream (``"host"`` memory, usable by
+tensors; ``"counting"``, a simulator that hands out fake addresses and moves no memory;
+``"device"``, ``cudaMalloc``/``hipMalloc`` resolved at run time). The simulator and the allocator
+are the same code.
+
+Contract:
+
+- Every C status goes through :func:`_check`, which raises :class:`OutOfMemoryError` (also a
+  ``torch.OutOfMemoryError`` and ``MemoryError``), :class:`ConfigError` (a ``ValueError``) for
+  bad arguments, :class:`PoolError` for unknown or released pools, :class:`BackendUnavailable`
+  when the device runtime cannot be loaded, :class:`AccelGraphError` otherwise. A refused call
+  changes nothing; an OOM leaves the engine usable.
+- The C core is imported on first use, never compiled at import: a missing build raises
+  :class:`BackendUnavailable` saying how to rebuild.
+- Engines are not thread-safe; callers serialise. Memory handed out by a ``host`` engine lives
+  until the engine is closed or collected: tensors over it must not outlive the engine.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import (
+    AccelGraphError,
+    BackendUnavailable,
+    ConfigError,
+    OutOfMemoryError,
+    PoolError,
+)
+from .stats import memory_stats_dict, oom_message, snapshot_segments
+
+__all__ = [
+    "EVENT_DTYPE",
+    "OP",
+    "OP_DTYPE",
+    "Engine",
+    "EngineSettings",
+    "allocation_size",
+    "round_size",
+    "rp2_next_division",
+]
+
+MIB = 1 << 20
+_U64_MAX = (1 << 64) - 1
+_INTERVALS = 16
+POLICIES = ("native", "xpu")
+UPSTREAMS = ("host", "counting", "device")
+
+#: Opcodes of :meth:`Engine.replay` (``AG_OP_*`` in _core.h).
+OP = {
+    "malloc": 0,
+    "free": 1,
+    "record_stream": 2,
+    "process_events": 3,
+    "synchronize": 4,
+    "empty_cache": 5,
+    "begin_pool": 6,
+    "end_pool": 7,
+    "release_pool": 8,
+    "malloc_pool": 9,
+}
+#: numpy layouts of ``ag_event`` and ``ag_op`` (kept in step with _core.h; a test checks sizes).
+EVENT_FIELDS = [
+    ("seq", "<i8"),
+    ("time_us", "<i8"),
+    ("addr", "<u8"),
+    ("size", "<u8"),
+    ("pool_id", "<i8"),
+    ("stream", "<i4"),
+    ("action", "<i4"),
+]
+OP_FIELDS = [("op", "<i4"), ("stream", "<i4"), ("size", "<i8"), ("id", "<i8"), ("size2", "<i8")]
+
+
+EVENT_DTYPE = np.dtype(EVENT_FIELDS)
+OP_DTYPE = np.dtype(OP_FIELDS)
+
+
+_core_module: Any = None
+
+
+def _core() -> Any:
+    """The compiled core, imported once. Raises BackendUnavailable if it was never built."""
+    global _core_module
+    if _core_module is None:
+        try:
+            _core_module = importlib.import_module("accel_graph.allocator._core")
+        except ImportError as exc:
+            raise BackendUnavailable(
+                "the allocator's C core (accel_graph.allocator._core) is not built: reinstall the "
+                "package to compile it, e.g. `pip install --no-build-isolation -e .` from the "
+                f"repository root (needs a C compiler and cffi). Import error: {exc}"
+            ) from exc
+    return _core_module
+
+
+# ----------------------------------------------------------------------------------------------
+# settings
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """Already-parsed allocator settings (sizes in bytes; ``None`` = torch's default).
+
+    Names follow :class:`accel_graph.allocator.config.AllocatorSettings`; build one from those
+    with :meth:`from_allocator_settings`.
+
+    - ``max_split_size``: ``None`` = unlimited. Must be >= ``large_segment_size``.
+    - ``max_non_split_rounding_size``: ``None`` = ``large_segment_size``.
+    - ``roundup_power2_divisions``: one int for every interval, or 16 ints (interval 0 = sizes
+      below 2 MiB, interval i = [2^(20+i), 2^(21+i)), interval 15 = 32 GiB and up); each 0 or a
+      power of two.
+    - ``garbage_collection_threshold``: 0 = off; acts only with ``memory_fraction`` < 1.
+    - ``memory_fraction``: ``None`` = never set; needs a known capacity.
+    - ``cap``: the upstream refuses to hold more than this many bytes (simulated device size).
+    - ``capacity``: total device memory for the fraction, the OOM message and the expandable
+      address range; ``None`` = ``cap``, else host RAM or the driver's figure.
+    - ``device_kind`` and ``device_libs``: which runtime the device upstream loads, and the
+      library names or paths to try (default: the usual sonames).
+    """
+
+    max_split_size: int | None = None
+    max_non_split_rounding_size: int | None = None
+    large_segment_size: int = 20 * MIB
+    roundup_power2_divisions: int | Sequence[int] = 0
+    garbage_collection_threshold: float = 0.0
+    memory_fraction: float | None = None
+    expandable_segments: bool = False
+    cap: int | None = None
+    capacity: int | None = None
+    device_kind: str = "cuda"
+    device_libs: tuple[str, ...] = field(default=())
+
+    def divisions(self) -> tuple[int, ...]:
+        """The 16 per-interval division counts."""
+        d = self.roundup_power2_divisions
+        if isinstance(d, int):
+            return (d,) * _INTERVALS
+        d = tuple(int(x) for x in d)
+        if len(d) != _INTERVALS:
+            raise ConfigError(
+                f"roundup_power2_divisions needs one int or {_INTERVALS} ints, got {len(d)}"
+            )
+        return d
+
+    @classmethod
+    def from_allocator_settings(cls, parsed: Any, **overrides: Any) -> EngineSettings:
+        """Build from a parsed config (``config.AllocatorSettings`` or anything shaped like it).
+
+        ``per_process_memory_fraction`` of 1.0 (torch's default) means "not set".
+        """
+        fraction = getattr(parsed, "per_process_memory_fraction", 1.0)
+        values: dict[str, Any] = {
+            "max_split_size": parsed.max_split_size,
+            "max_non_split_rounding_size": parsed.max_non_split_rounding_size,
+            "large_segment_size": parsed.large_segment_size,
+            "roundup_power2_divisions": tuple(parsed.roundup_power2_divisions),
+            "garbage_collection_threshold": parsed.garbage_collection_threshold,
+            "memory_fraction": fraction if fraction < 1.0 else None,
+            "expandable_segments": parsed.expandable_segments,
+        }
+        values.update(overrides)
+        return cls(**values)
+
+
+def _nonneg(name: str, value: int | None, default: int) -> int:
+    if value is None:
+        return default
+    if not isinstance(value, int) or value < 0 or value > _U64_MAX:
+        raise ConfigError(f"{name} must be a byte count in [0, 2**64), got {value!r}")
+    return value
+
+
+def _fill_settings(ffi: Any, s: EngineSettings, policy: str, upstream: str) -> Any:
+    if policy not in POLICIES:
+        raise ConfigError(f"policy must be one of {', '.join(POLICIES)}; got {policy!r}")
+    if upstream not in UPSTREAMS:
+        raise ConfigError(f"upstream must be one of {', '.join(UPSTREAMS)}; got {upstream!r}")
+    if s.device_kind not in ("cuda", "hip"):
+        raise ConfigError(f"device_kind must be 'cuda' or 'hip'; got {s.device_kind!r}")
+    c = ffi.new("ag_settings *")
+    c.policy = POLICIES.index(policy)
+    c.upstream = UPSTREAMS.index(upstream)
+    large = _nonneg("large_segment_size", s.large_segment_size, 20 * MIB)
+    c.large_segment_size = large
+    c.max_split_size = _nonneg("max_split_size", s.max_split_size, _U64_MAX)
+    c.max_non_split_rounding_size = _nonneg(
+        "max_non_split_rounding_size", s.max_non_split_rounding_size, large
+    )
+    for i, d in enumerate(s.divisions()):
+        if d < 0 or d > 1 << 31:
+            raise ConfigError(f"roundup_power2_divisions[{i}] out of range: {d}")
+        c.roundup_power2_divisions[i] = d
+    c.garbage_collection_threshold = float(s.garbage_collection_threshold)
+    c.memory_fraction = -1.0 if s.memory_fraction is None else float(s.memory_fraction)
+    c.expandable_segments = 1 if s.expandable_segments else 0
+    c.device_kind = 1 if s.device_kind == "hip" else 0
+    c.cap = _nonneg("cap", s.cap, 0)
+    c.capacity = _nonneg("capacity", s.capacity, 0)
+    return c
+
+
+# ----------------------------------------------------------------------------------------------
+# status codes
+
+
+def _check(rc: int, engine: Engine | None = None, message: str | None = None) -> int:
+    """Turn a C status (or a negative pointer/id result) into the matching exception.
+
+    Non-negative values pass through unchanged, so ``ptr = _check(lib.ag_malloc(...))`` works.
+    """
+    if rc >= 0:
+        return rc
+    if message is None:
+        message = engine._last_error() if engine is not None else f"allocator error {rc}"
+    core = _core()
+    lib = core.lib
+    if rc == lib.AG_ERR_OOM:
+        if engine is not None:
+            info = core.ffi.new("ag_oom_info *")
+            lib.ag_last_oom(engine._e, info)
+            message = oom_message(info, engine.device_name, engine.device_index, engine._conf_var)
+        raise OutOfMemoryError(message)
+    if rc in (lib.AG_ERR_INVALID, lib.AG_ERR_BAD_PTR, lib.AG_ERR_UNSUPPORTED):
+        raise ConfigError(message)
+    if rc == lib.AG_ERR_POOL:
+        raise PoolError(message)
+    if rc == lib.AG_ERR_LOAD:
+        raise BackendUnavailable(message)
+    if rc == lib.AG_ERR_NOMEM:
+        raise MemoryError(message)
+    raise AccelGraphError(message)
+
+
+# ----------------------------------------------------------------------------------------------
+# the engine
+
+
+class Engine:
+    """A caching allocator instance. See the module docstring for the contract.
+
+    ``Engine(policy="native", upstream="counting", settings=EngineSettings(), streams=1)``.
+    Streams are small ints ``0..n-1`` (0 is the default stream; at most 64); pools are ints from
+    :meth:`create_pool`.
+    """
+
+    __slots__ = (
+        "_conf_var",
+        "_e",
+        "_ffi",
+        "_free",
+        "_lib",
+        "_malloc",
+        "device_index",
+        "device_name",
+        "policy",
+        "settings",
+        "upstream",
+    )
+
+    def __init__(
+        self,
+        policy: str = "native",
+        upstream: str = "counting",
+        settings: EngineSettings | None = None,
+        *,
+        streams: int = 1,
+        device_name: str | None = None,
+        device_index: int = 0,
+    ) -> None:
+        core = _core()
+        ffi, lib = core.ffi, core.lib
+        self.settings = settings if settings is not None else EngineSettings()
+        self.policy = policy
+        self.upstream = upstream
+        c = _fill_settings(ffi, self.settings, policy, upstream)
+        libs = (
+            ";".join(self.settings.device_libs).encode() if self.settings.device_libs else ffi.NULL
+        )
+        out = ffi.new("ag_engine **")
+        err = ffi.new("char[512]")
+        rc = lib.ag_engine_create(c, libs, out, err, 512)
+        if rc != 0:
+            _check(rc, None, ffi.string(err).decode(errors="replace"))
+        self._ffi, self._lib = ffi, lib
+        self._e = ffi.gc(out[0], lib.ag_engine_destroy)
+        # Bound C functions: the hot path is one attribute load and one cffi call.
+        self._malloc = lib.ag_malloc
+        self._free = lib.ag_free
+        self.device_name = device_name or ("XPU" if policy == "xpu" else "CUDA")
+        self.device_index = device_index
+        self._conf_var = "PYTORCH_ALLOC_CONF" if policy == "xpu" else "PYTORCH_CUDA_ALLOC_CONF"
+        if not isinstance(streams, int) or streams < 1:
+            raise ConfigError(f"streams must be an int >= 1, got {streams!r}")
+        for _ in range(streams - 1):
+            self.create_stream()
+
+    def _last_error(self) -> str:
+        return self._ffi.string(self._lib.ag_last_error(self._e)).decode(errors="replace")
+
+    def __repr__(self) -> str:
+        return f"Engine(policy={self.policy!r}, upstream={self.upstream!r})"
+
+    # -- allocation ------------------------------------------------------------------------
+
+    def malloc(self, size: int, stream: int = 0, pool: int | None = None) -> int:
+        """Allocate ``size`` bytes on ``stream``; returns the block address.
+
+        ``pool`` sends the request to that private pool; otherwise a pool receiving allocations
+        for ``stream`` (:meth:`begin_allocate_to_pool`) gets it, else the default pools.
+        Raises OutOfMemoryError (torch's message) when nothing can serve it, ConfigError for a
+        size <= 0 or an unknown stream, PoolError for an unknown or released pool.
+        """
+        try:
+            r = self._malloc(self._e, size, stream, pool or 0)
+        except OverflowError:
+            if isinstance(size, int) and size >= 1 << 60:
+                # too big for int64: the same 1 EB refusal torch gives
+                return _check(self._lib.ag_malloc(self._e, 1 << 62, 0, 0), self)
+            raise ConfigError(f"bad malloc arguments: size={size!r} stream={stream!r}") from None
+        except TypeError:
+            raise ConfigError(
+                f"malloc needs int size and stream, got size={size!r} stream={stream!r} pool={pool!r}"
+            ) from None
+        if r < 0:
+            _check(r, self)
+        return r
+
+    def free(self, ptr: int) -> None:
+        """Free a block. Unknown or already-freed pointers raise ConfigError and change nothing."""
+        try:
+            rc = self._free(self._e, ptr)
+        except (OverflowError, TypeError):
+            raise ConfigError(f"free needs a block address, got {ptr!r}") from None
+        if rc:
+            _check(rc, self)
+
+    def record_stream(self, ptr: int, stream: int) -> None:
+        """Mark the block as used on ``stream``: its free completes only after a later
+        :meth:`process_events` or :meth:`synchronize` (``free_requested`` then ``free_completed``)."""
+        try:
+            rc = self._lib.ag_record_stream(self._e, ptr, stream)
+        except (OverflowError, TypeError):
+            raise ConfigError(
+                f"record_stream needs a block address and a stream, got {ptr!r}, {stream!r}"
+            ) from None
+        _check(rc, self)
+
+    def block_size(self, ptr: int) -> int:
+        """The (rounded, maybe unsplit) size of an allocated block."""
+        return _check(self._lib.ag_block_size(self._e, ptr), self)
+
+    def process_events(self) -> None:
+        """Complete pending cross-stream frees (skipped while a pool receives allocations, as
+        torch skips event queries during capture). malloc does this first, as torch does."""
+        _check(self._lib.ag_process_events(self._e), self)
+
+    def synchronize(self) -> None:
+        """Synchronise all streams: complete pending frees; counts ``num_sync_all_streams``."""
+        _check(self._lib.ag_synchronize(self._e), self)
+
+    def empty_cache(self) -> None:
+        """Return every whole free segment (and whole free expandable page) to the upstream,
+        and the memory of released private pools. Skipped for the default pools while any pool
+        receives allocations, as torch does during capture."""
+        _check(self._lib.ag_empty_cache(self._e), self)
+
+    def set_memory_fraction(self, fraction: float | None) -> None:
+        """torch's ``set_per_process_memory_fraction``; ``None`` unsets it."""
+        _check(
+            self._lib.ag_set_memory_fraction(self._e, -1.0 if fraction is None else fraction), self
+        )
+
+    # -- streams and pools -----------------------------------------------------------------
+
+    def create_stream(self) -> int:
+        """A new stream id (blocks are cached per stream)."""
+        return _check(self._lib.ag_create_stream(self._e), self)
+
+    @property
+    def num_streams(self) -> int:
+        return int(self._lib.ag_num_streams(self._e))
+
+    def create_pool(self, no_split: bool = False, use_on_oom: bool = False) -> int:
+        """A private pool (graph pool / MemPool) with use count 1, like torch's
+        ``MemPool(use_on_oom=..., no_split=...)``: ``no_split`` never splits its blocks;
+        ``use_on_oom`` lets default-pool requests take its free blocks before running out of
+        memory."""
+        lib = self._lib
+        flags = (lib.AG_POOL_NO_SPLIT if no_split else 0) | (
+            lib.AG_POOL_USE_ON_OOM if use_on_oom else 0
+        )
+        return _check(lib.ag_create_pool(self._e, flags), self)
+
+    def begin_allocate_to_pool(self, pool: int, stream: int = -1) -> None:
+        """Route allocations on ``stream`` (-1: every stream) to ``pool``; adds one use."""
+        _check(self._lib.ag_begin_allocate_to_pool(self._e, pool, stream), self)
+
+    def end_allocate_to_pool(self, pool: int) -> None:
+        """Stop routing allocations to ``pool`` (the use taken by begin stays until release)."""
+        _check(self._lib.ag_end_allocate_to_pool(self._e, pool), self)
+
+    def release_pool(self, pool: int) -> None:
+        """Drop one use of ``pool``; at zero its free memory goes back at the next empty_cache
+        (or OOM retry), and the pool disappears once it holds no segment."""
+        _check(self._lib.ag_release_pool(self._e, pool), self)
+
+    def pool_use_count(self, pool: int) -> int:
+        """How many users (creator, captures, MemPool contexts) hold ``pool``."""
+        return _check(self._lib.ag_pool_use_count(self._e, pool), self)
+
+    def pool_memory(self, pool: int | None = None) -> dict[str, int]:
+        """What one private pool (or, for ``None``, the default pools) holds right now:
+        ``segments``, ``reserved_bytes``, ``allocated_bytes``, ``active_bytes``,
+        ``blocks_allocated``, and for private pools ``use_count`` and ``freeable``."""
+        info = self._ffi.new("ag_pool_info *")
+        _check(self._lib.ag_pool_info_get(self._e, pool or 0, info), self)
+        out = {
+            f: int(getattr(info, f))
+            for f in (
+                "segments",
+                "reserved_bytes",
+                "allocated_bytes",
+                "active_bytes",
+                "blocks_allocated",
+            )
+        }
+        if pool:
+            out["use_count"] = int(info.use_count)
+            out["freeable"] = int(info.freeable)
+        return out
+
+    @contextmanager
+    def allocate_to_pool(self, pool: int, stream: int = -1) -> Iterator[int]:
+        """``with engine.allocate_to_pool(p):`` like torch's ``use_mem_pool``: begin, then end
+        and release on exit (begin took the use that release drops)."""
+        self.begin_allocate_to_pool(pool, stream)
+        try:
+            yield pool
+        finally:
+            self.end_allocate_to_pool(pool)
+            self.release_pool(pool)
+
+    # -- statistics, layout, events --------------------------------------------------------
+
+    def _raw_stats(self) -> Any:
+        raw = self._ffi.new("ag_stats *")
+        self._lib.ag_get_stats(self._e, raw)
+        return raw
+
+    def memory_stats(self) -> dict[str, int]:
+        """torch.cuda.memory_stats()-shaped flat dict (plus ``accel.*`` extras)."""
+        return memory_stats_dict(self._raw_stats(), self.settings.max_split_size)
+
+    def reset_peak_stats(self) -> None:
+        self._lib.ag_reset_peak_stats(self._e)
+
+    def reset_accumulated_stats(self) -> None:
+        self._lib.ag_reset_accumulated_stats(self._e)
+
+    @property
+    def capacity(self) -> int | None:
+        """Total device memory as the engine sees it; None when unbounded."""
+        c = int(self._lib.ag_capacity(self._e))
+        return None if c == _U64_MAX else c
+
+    def layout(self) -> list[dict[str, Any]]:
+        """Every segment with every block, unmapped expandable blocks included (state
+        ``"unmapped"``), in the engine's internal order. For tests and simulators;
+        :meth:`snapshot` is the torch-shaped view."""
+        ffi, lib = self._ffi, self._lib
+        ns, nb = ffi.new("int64_t *"), ffi.new("int64_t *")
+        lib.ag_layout_counts(self._e, ns, nb)
+        segs = ffi.new("ag_segment_info[]", max(ns[0], 1))
+        blocks = ffi.new("ag_block_info[]", max(nb[0], 1))
+        _check(lib.ag_layout(self._e, segs, ns[0], blocks, nb[0]), self)
+        from .stats import BLOCK_STATES
+
+        out = []
+        for i in range(ns[0]):
+            s = segs[i]
+            first = s.first_block
+            out.append(
+                {
+                    "address": s.address,
+                    "size": s.size,
+                    "pool_id": s.pool_id,
+                    "stream": s.stream,
+                    "is_small": bool(s.is_small),
+                    "is_expandable": bool(s.is_expandable),
+                    "blocks": [
+                        {
+                            "address": blocks[j].address,
+                            "size": blocks[j].size,
+                            "requested_size": blocks[j].requested_size,
+                            "state": BLOCK_STATES[blocks[j].state],
+                            "stream": blocks[j].stream,
+                        }
+                        for j in range(first, first + s.n_blocks)
+                    ],
+                }
+            )
+        return out
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        """``torch.cuda.memory_snapshot()``-shaped segment list, sorted by address."""
+        return snapshot_segments(self.layout(), self.device_index)
+
+    def enable_events(self, max_entries: int = 0) -> None:
+        """Start recording events; ``max_entries`` > 0 keeps only the newest ones (a ring)."""
+        _check(self._lib.ag_events_enable(self._e, 1, max_entries), self)
+
+    def disable_events(self) -> None:
+        """Stop recording; events already recorded stay until drained."""
+        _check(self._lib.ag_events_enable(self._e, 0, 0), self)
+
+    def drain_events(self, as_list: bool = False) -> Any:
+        """Remove and return the recorded events, oldest first: a numpy structured array of
+        :data:`EVENT_DTYPE` (``seq, time_us, addr, size, pool_id, stream, action``; action codes are
+        ``trace.ACTIONS``), or a list of tuples with ``as_list=True``. For ``oom`` the ``addr``
+        field holds the free device bytes and ``size`` the rounded request, as torch's trace."""
+        n = int(self._lib.ag_events_count(self._e))
+        arr = np.empty(n, dtype=EVENT_DTYPE)
+        if n:
+            got = self._lib.ag_events_drain(self._e, self._ffi.from_buffer("ag_event[]", arr), n)
+            arr = arr[:got]
+        return arr.tolist() if as_list else arr
+
+    # -- whole-trace replay ----------------------------------------------------------------
+
+    def replay(self, ops: Any, n_slots: int | None = None) -> Any:
+        """Run a whole op array in one C call; returns per-op int64 results.
+
+        ``ops`` is a numpy array of :data:`OP_DTYPE` (``op, stream, size, id, size2``), opcodes in
+        :data:`OP`. ``malloc`` puts its pointer into slot ``id``; ``free``/``record_stream`` name a
+        slot. A malloc that runs out of memory yields a negative result (``AG_ERR_OOM``), leaves
+        its slot empty, and the replay goes on (a later free of that slot is skipped). Any other
+        error stops the replay and raises, naming the op index.
+        """
+        ops = np.ascontiguousarray(ops, dtype=OP_DTYPE)
+        if n_slots is None:
+            n_slots = int(ops["id"].max()) + 1 if len(ops) else 0
+        slots = np.zeros(max(n_slots, 1), dtype=np.uint64)
+        results = np.zeros(max(len(ops), 1), dtype=np.int64)
+        done = self._ffi.new("int64_t *")
+        ffi = self._ffi
+        rc = self._lib.ag_replay(
+            self._e,
+            ffi.from_buffer("ag_op[]", ops),
+            len(ops),
+            ffi.from_buffer("uint64_t[]", slots),
+            n_slots,
+            ffi.from_buffer("int64_t[]", results),
+            done,
+        )
+        if rc:
+            _check(rc, self, f"replay stopped at op {done[0]}: {self._last_error()}")
+        return results[: len(ops)]
+
+    # -- lifetime --------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Give all memory back to the upstream now. Pointers from this engine become invalid;
+        any later call raises AccelGraphError. Must not race with calls from other threads."""
+        e, ffi = self._e, self._ffi
+        self.__class__ = _ClosedEngine
+        ffi.release(e)
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _ClosedEngine(Engine):
+    """What an Engine becomes after close(): every public call refuses (instead of crashing)."""
+
+    __slots__ = ()
+
+    def __getattribute__(self, name: str) -> Any:
+        if name.startswith("__") or name in ("policy", "upstream", "settings", "close"):
+            return object.__getattribute__(self, name)
+        raise AccelGraphError(f"this allocator engine is closed; {name} is not available")
+
+    def close(self) -> None:
+        return None
+
+    def __repr__(self) -> str:
+        return "Engine(<closed>)"
+
+
+# ----------------------------------------------------------------------------------------------
+# pure policy helpers (the C functions, for tests and for explaining decisions)
+
+
+def round_size(size: int, settings: EngineSettings | None = None, policy: str = "native") -> int:
+    """The block size a request of ``size`` bytes gets (torch's ``round_size``)."""
+    core = _core()
+    c = _fill_settings(core.ffi, settings or EngineSettings(), policy, "counting")
+    return int(core.lib.ag_round_size(c, size))
+
+
+def rp2_next_division(size: int, divisions: int) -> int:
+    """torch's ``roundup_power2_next_division`` (e.g. 1200 with 4 divisions gives 1280)."""
+    return int(_core().lib.ag_rp2_next_division(size, divisions))
+
+
+def allocation_size(size: int, settings: EngineSettings | None = None) -> int:
+    """The segment size a (rounded) request of ``size`` bytes asks the upstream for."""
+    core = _core()
+    c = _fill_settings(core.ffi, settings or EngineSettings(), "native", "counting")
+    return int(core.lib.ag_allocation_size(c, size))
