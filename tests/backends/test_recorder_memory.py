@@ -30,21 +30,33 @@ def recorder_stats(handle):
 
 
 def test_memory_of_a_dead_tensor_is_reused_within_the_capture():
-    x = torch.randn(512, 1024)  # 2 MiB per intermediate
+    x = torch.randn(2048, 1024)  # 8 MiB per intermediate
+
+    def keep_all(x):
+        a = x * 2
+        b = a + 1
+        c = b * 3
+        return c.sum(0), a, b
+
     g = ag.Graph(device="cpu")
     with ag.graph(g):
         y = chain(x)
-    # a and b live together (4 MiB); c reuses a's memory, so the pool never holds three.
-    assert g.memory_bytes() == 4 * MiB
-    assert g.standalone_bytes() == 4 * MiB
+    g_keep = ag.Graph(device="cpu")
+    with ag.graph(g_keep):
+        kept = keep_all(x)
+    # With reuse, c lands in a's memory: two 8 MiB blocks share one 20 MiB segment. Keeping all
+    # three alive needs a second segment.
+    assert g.memory_bytes() < g_keep.memory_bytes()
+    assert g.memory_bytes() == g.standalone_bytes()
     g.replay()
     assert torch.equal(y, chain(x))
+    del kept
 
 
 def test_graphs_sharing_a_pool_reuse_memory_largest_first():
     h = ag.graph_pool_handle("cpu")
     graphs, pairs = [], []
-    for rows in (1024, 512, 256):
+    for rows in (2048, 1024, 768):  # intermediates above 1 MiB: all in the large pool
         g = ag.Graph(device="cpu")
         x = torch.randn(rows, 512)
         with ag.graph(g, pool=h):

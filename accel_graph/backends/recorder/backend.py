@@ -26,11 +26,10 @@ from ..base import (
     PoolStats,
     next_user_pool_id,
 )
-from .arena import simulate_peak
 from .capture import Capture, InputRecord, Step, _tls, active_capture
 from .compiled import compile_program
 from .dump import describe, write_dump
-from .pool import PoolRef, RecorderPool
+from .pool import PoolRef, RecorderPool, make_pool
 from .program import build_replay, materialize, replayed, segments_used
 
 log = logging.getLogger("accel_graph")
@@ -130,8 +129,8 @@ class RecorderGraphImpl(GraphImpl):
         pool.end_capture(cap.events)
         self._inputs = list(cap.inputs.values())
         self._outputs = cap.live_outputs()
-        self._memory = pool.arena.reserved_bytes - cap.reserved_before
-        self._standalone = simulate_peak(cap.events)
+        self._memory = pool.reserved_bytes() - cap.reserved_before
+        self._standalone = pool.standalone_bytes(cap.events)
         self._allocations = sum(1 for e in cap.events if e[0] == "alloc")
         # The program's tensors are created only now: during capture nothing held pool memory.
         self._frozen_steps = cap.steps
@@ -299,7 +298,7 @@ class RecorderBackend(Backend):
         with self._lock:
             pool = self._pools.get(handle.id)
             if pool is None:
-                pool = RecorderPool(handle.device.torch_device, limit=config.pool_limit())
+                pool = make_pool(handle.device.torch_device, limit=config.pool_limit())
                 self._pools[handle.id] = pool
             return pool
 

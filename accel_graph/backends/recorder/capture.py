@@ -140,7 +140,7 @@ class Capture:
         #: ("alloc", key, bytes) / ("free", key, 0) in capture order, for standalone_bytes.
         self.events: list[tuple[str, int, int]] = []
         self.refs: dict[int, PoolRef] = {}  # allocation key -> location, for the outputs
-        self.reserved_before = pool.arena.reserved_bytes
+        self.reserved_before = pool.reserved_bytes()
         self.mode = _RecordingMode(self)
 
     def freeze(self, x: Any) -> Any:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 import logging
 import operator
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -35,6 +36,18 @@ log = logging.getLogger("accel_graph")
 
 aten = torch.ops.aten
 
+# Inductor's compile_fx is not thread-safe (module-level config patching: two threads compiling
+# at once fail with "CURRENT_PATCHER is None"), and graphs captured in different threads are
+# instantiated in those threads: compilations take turns.
+_COMPILE_LOCK = threading.Lock()
+
+
+def _extent(ref: PoolRef) -> int:
+    """Bytes from ``ref.byte_offset`` to the end of the last element ``ref`` can address."""
+    if any(n == 0 for n in ref.shape):
+        return 0
+    return (sum((n - 1) * st for n, st in zip(ref.shape, ref.stride, strict=True)) + 1) * ref.dtype.itemsize
+
 
 class CompileUnsupported(Exception):
     """The program has a shape the FX translation does not handle (falls back, logged)."""
@@ -44,13 +57,17 @@ def build_fx(steps: list[Step], outputs: list[PoolRef]) -> tuple[fx.GraphModule,
     """The FX graph of a captured program.
 
     Returns the GraphModule, the tensors captured by reference (its leading placeholders, in
-    order) and the output locations (its trailing placeholders, written with ``copy_``).
+    order) and the output locations (its trailing placeholders, written with ``copy_``). Among the
+    leading placeholders, pool locations no step of this program produced (outputs of an earlier
+    graph in a shared pool) appear as their :class:`PoolRef`; the caller materializes them.
     """
     graph = fx.Graph()
     ext_nodes: dict[int, fx.Node] = {}
-    ext_tensors: list[torch.Tensor] = []
+    ext_tensors: list[Any] = []  # tensors captured by reference, and PoolRefs of pool inputs
     by_ref: dict[PoolRef, fx.Node] = {}
-    # Latest whole allocation written at each (segment, offset): base for views we never saw.
+    pool_inputs: dict[PoolRef, fx.Node] = {}
+    # Whole allocations of this program, newest last: bases for views we never saw (in-place
+    # view ops such as t_() and unsqueeze_() are not recorded).
     allocations: dict[tuple[int, int], tuple[PoolRef, fx.Node]] = {}
 
     placeholders: list[fx.Node] = []
@@ -68,15 +85,29 @@ def build_fx(steps: list[Step], outputs: list[PoolRef]) -> tuple[fx.GraphModule,
         node = by_ref.get(ref)
         if node is not None:
             return node
-        for (seg, off), (base_ref, base_node) in allocations.items():
+        # The newest allocation that contains every byte ``ref`` addresses: an older one at an
+        # overlapping place died before the newer one took its memory.
+        for (seg, off), (base_ref, base_node) in reversed(allocations.items()):
             itemsize = base_ref.dtype.itemsize
-            if seg == ref.segment and base_ref.dtype == ref.dtype and off <= ref.byte_offset:
-                delta = ref.byte_offset - off
-                if delta % itemsize == 0:
-                    return graph.call_function(
-                        aten.as_strided.default, (base_node, list(ref.shape), list(ref.stride), delta // itemsize)
-                    )
-        raise CompileUnsupported(f"no producer for pool location {ref}")
+            if seg != ref.segment or off > ref.byte_offset:
+                continue
+            if ref.byte_offset + _extent(ref) > off + _extent(base_ref):
+                continue
+            delta = ref.byte_offset - off
+            if base_ref.dtype != ref.dtype or delta % itemsize:
+                raise CompileUnsupported(f"pool location {ref} reinterprets {base_ref}")
+            return graph.call_function(
+                aten.as_strided.default, (base_node, list(ref.shape), list(ref.stride), delta // itemsize)
+            )
+        # Produced by no step here: memory of an earlier graph in the same pool, read (or
+        # written) in place like a tensor captured by reference.
+        node = pool_inputs.get(ref)
+        if node is None:
+            node = graph.placeholder(f"in{len(ext_tensors)}")
+            pool_inputs[ref] = node
+            placeholders.append(node)
+            ext_tensors.append(ref)
+        return node
 
     def arg(x: Any) -> Any:
         if isinstance(x, PoolRef):
@@ -91,7 +122,13 @@ def build_fx(steps: list[Step], outputs: list[PoolRef]) -> tuple[fx.GraphModule,
         if step.kind == "mutate":
             graph.call_function(step.func, tuple(args), kwargs)
             continue
-        node = graph.call_function(step.func, tuple(args), kwargs)
+        func = step.func
+        if func is aten.lift_fresh.default:
+            # A constant made in the capture (torch.tensor(...)): lift_fresh returns its argument,
+            # the private source copy, which in-place writes to the constant would then change
+            # for every later replay. Interpreted replay refills the constant with copy_(); so do we.
+            func = aten.clone.default
+        node = graph.call_function(func, tuple(args), kwargs)
         n_results = len(step.func._schema.returns)
         is_list = n_results == 1 and isinstance(step.func._schema.returns[0].type, torch.ListType)
         for pos, out in zip(step.positions, step.outputs):
@@ -127,9 +164,16 @@ def compile_program(
 
     t0 = time.perf_counter()
     gm, ext, out_refs = build_fx(steps, outputs)
+    ext = [pool.materialize(x) if isinstance(x, PoolRef) else x for x in ext]
     statics = [pool.materialize(r) for r in out_refs]
     example = [*ext, *statics]
-    with torch.no_grad(), inductor_config.patch(fallback_random=True):
+    # fallback_random: random ops call aten's kernels, so draws equal eager's after a seed.
+    # emulate_precision_casts: keep eager's rounding of fp16/bf16 intermediates, which Inductor
+    # otherwise elides when it fuses low-precision ops (results then differ from eager by more
+    # than the fp32 tolerance, e.g. (x.half() + 1).float()).
+    with _COMPILE_LOCK, torch.no_grad(), inductor_config.patch(
+        fallback_random=True, emulate_precision_casts=True
+    ):
         compiled = compile_fx(copy.deepcopy(gm), example)
     compile_s = time.perf_counter() - t0
     args = tuple(example)

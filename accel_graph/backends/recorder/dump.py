@@ -19,6 +19,8 @@ SCHEMA_VERSION = 1
 
 
 def _ref_name(ref: PoolRef) -> str:
+    if ref.segment < 0:  # engine memory: the offset is the address
+        return f"pool:{ref.byte_offset:#x}"
     return f"pool:s{ref.segment}+{ref.byte_offset}"
 
 

@@ -28,7 +28,7 @@ import torch
 
 from ...errors import OutOfMemoryError
 from ..base import PoolStats
-from .arena import Arena
+from .arena import Arena, simulate_peak
 
 
 @dataclass(frozen=True)
@@ -52,8 +52,22 @@ def _storage_bytes(shape, stride, itemsize: int) -> int:
     return (1 + sum((s - 1) * st for s, st in zip(shape, stride))) * itemsize
 
 
+def make_pool(device: torch.device, limit: int | None = None) -> RecorderPool:
+    """The pool for ``device``: on the allocator engine for the CPU, an arena elsewhere."""
+    if device.type == "cpu":
+        from .engine_pool import EnginePool
+
+        return EnginePool(device, limit)
+    return RecorderPool(device, limit)
+
+
 class RecorderPool:
-    """Memory for the graphs captured into one pool handle; see the module docstring."""
+    """Memory for the graphs captured into one pool handle; see the module docstring.
+
+    This class keeps its books in an :class:`~.arena.Arena` over segment buffers (the path for
+    devices without a host upstream); :class:`~.engine_pool.EnginePool` puts CPU pools on the
+    allocator engine.
+    """
 
     def __init__(self, device: torch.device, limit: int | None = None) -> None:
         self.device = device
@@ -199,6 +213,14 @@ class RecorderPool:
             self._memory.pop(sidx, None)
             for key in [k for k in self._bases if k[0] == sidx]:
                 del self._bases[key]
+
+    def reserved_bytes(self) -> int:
+        """Bytes the pool holds, counted by its own segments."""
+        return self.arena.reserved_bytes
+
+    def standalone_bytes(self, events: list[tuple[str, int, int]]) -> int:
+        """Peak reserved bytes of one capture's allocation sequence on an empty pool."""
+        return simulate_peak(events)
 
     def stats(self) -> PoolStats:
         with self._lock:
