@@ -133,6 +133,12 @@ typedef struct {
     int (*dmalloc)(void **, size_t);
     int (*dfree)(void *);
     int (*dmeminfo)(size_t *, size_t *);
+    /* optional, resolved from the same runtime (NULL where absent); used by the plug-in */
+    int (*dget_device)(int *);
+    int (*dset_device)(int);
+    int (*dxchg_mode)(int *);                 /* cuda/hipThreadExchangeStreamCaptureMode */
+    int (*dis_capturing)(void *, int *);      /* cuda/hipStreamIsCapturing */
+    int (*dget_last_error)(void);             /* cuda/hipGetLastError: clears the sticky error */
 } ag_upstream;
 
 struct ag_engine {
@@ -175,6 +181,8 @@ struct ag_engine {
 
     uint32_t rng;
     int last_upstream_err;
+    int no_release;     /* the plug-in's stream is capturing: never give memory back (no cudaFree) */
+    int plug_device;    /* device this engine is installed on as the pluggable allocator, or -1 */
     pthread_mutex_t mu; /* cffi drops the GIL around calls: every entry point takes this */
 };
 
@@ -626,8 +634,14 @@ static int up_alloc(ag_engine *e, uint64_t size, uint64_t *out) {
         *out = (uint64_t)(uintptr_t)p;
     } else {
         void *p = NULL;
+        /* as torch's cudaMallocMaybeCapturing: cudaMalloc in relaxed capture mode, so it is legal
+         * while this thread (or, in global mode, any thread) captures; the old mode comes back */
+        int mode = 2; /* cudaStreamCaptureModeRelaxed == hipStreamCaptureModeRelaxed */
+        int swapped = u->dxchg_mode && u->dxchg_mode(&mode) == 0;
         int rc = u->dmalloc(&p, (size_t)size);
+        if (swapped) u->dxchg_mode(&mode);
         if (rc != 0 || !p) {
+            if (u->dget_last_error) u->dget_last_error(); /* torch clears it too: not sticky */
             e->last_upstream_err = rc;
             return rc == DEVICE_ERR_OOM ? AG_ERR_OOM : AG_ERR_UPSTREAM;
         }
@@ -708,6 +722,13 @@ static int open_device(ag_engine *e, const char *libs, char *err, size_t errlen)
                 e->up.dmalloc = (int (*)(void **, size_t))dlsym(h, hip ? "hipMalloc" : "cudaMalloc");
                 e->up.dfree = (int (*)(void *))dlsym(h, hip ? "hipFree" : "cudaFree");
                 e->up.dmeminfo = (int (*)(size_t *, size_t *))dlsym(h, hip ? "hipMemGetInfo" : "cudaMemGetInfo");
+                e->up.dget_device = (int (*)(int *))dlsym(h, hip ? "hipGetDevice" : "cudaGetDevice");
+                e->up.dset_device = (int (*)(int))dlsym(h, hip ? "hipSetDevice" : "cudaSetDevice");
+                e->up.dxchg_mode = (int (*)(int *))dlsym(
+                    h, hip ? "hipThreadExchangeStreamCaptureMode" : "cudaThreadExchangeStreamCaptureMode");
+                e->up.dis_capturing =
+                    (int (*)(void *, int *))dlsym(h, hip ? "hipStreamIsCapturing" : "cudaStreamIsCapturing");
+                e->up.dget_last_error = (int (*)(void))dlsym(h, hip ? "hipGetLastError" : "cudaGetLastError");
                 if (e->up.dmalloc && e->up.dfree) return AG_OK;
                 snprintf(err, errlen, "%s loaded but lacks %s/%s", path,
                          hip ? "hipMalloc" : "cudaMalloc", hip ? "hipFree" : "cudaFree");
@@ -1411,11 +1432,13 @@ static int64_t im_malloc(ag_engine *e, int64_t size, int32_t stream, int64_t poo
 
     int found = get_free_block(e, &p);
     if (!found) {
-        if (e->set_fraction && e->s.garbage_collection_threshold > 0.0 && max_split_on(e))
+        /* no_release (the plug-in's stream is capturing): skip every step that frees memory */
+        if (e->set_fraction && e->s.garbage_collection_threshold > 0.0 && max_split_on(e) && !e->no_release)
             garbage_collect_cached_blocks(e);
         found = alloc_block(e, &p, 0) || try_mempool_fallback(e, &p) ||
-                (release_available_cached_blocks(e, &p) && alloc_block(e, &p, 0)) ||
-                (!p.err && e->n_captures == 0 && release_cached_blocks(e) == AG_OK && alloc_block(e, &p, 1));
+                (!e->no_release && release_available_cached_blocks(e, &p) && alloc_block(e, &p, 0)) ||
+                (!p.err && e->n_captures == 0 && !e->no_release && release_cached_blocks(e) == AG_OK &&
+                 alloc_block(e, &p, 1));
     }
     if (!found) {
         if (p.err) {
@@ -1823,6 +1846,7 @@ int ag_engine_create(const ag_settings *settings, const char *device_libs, ag_en
     e->n_streams = 1;
     e->next_pool_id = 1;
     e->rng = 0x9E3779B9u;
+    e->plug_device = -1;
     pthread_mutex_init(&e->mu, NULL);
     if (e->up.kind == AG_UPSTREAM_DEVICE) {
         rc = open_device(e, device_libs, err, errlen);
@@ -1854,8 +1878,13 @@ int ag_engine_create(const ag_settings *settings, const char *device_libs, ag_en
     return AG_OK;
 }
 
+static void plug_forget_engine(ag_engine *e);
+
 void ag_engine_destroy(ag_engine *e) {
     if (!e) return;
+    /* an engine still installed as the pluggable allocator is unbound first, so a later
+     * alloc/free from torch finds no engine (an error it counts) instead of freed memory */
+    if (e->plug_device >= 0) plug_forget_engine(e);
     /* give every segment back to the upstream; pointers into them die with the engine */
     ag_segment *g = e->segs;
     while (g) {
@@ -1930,3 +1959,223 @@ LOCKED(int, pool_info_get, (const ag_engine *e, int64_t pool_id, ag_pool_info *o
 LOCKED(int, layout, (const ag_engine *e, ag_segment_info *segs, int64_t max_segs, ag_block_info *blocks, int64_t max_blocks), (e, segs, max_segs, blocks, max_blocks))
 /* one lock for the whole trace: replay pays nothing per event for thread safety */
 LOCKED(int, replay, (ag_engine *e, const ag_op *ops, int64_t n, uint64_t *slots, int64_t nslots, int64_t *results, int64_t *n_done), (e, ops, n, slots, nslots, results, n_done))
+
+/* ------------------------------------------------------------------------------------------ */
+/* the CUDAPluggableAllocator plug-in (docs/allocator.md "Pluggable-allocator entry points")    */
+/*
+ * torch calls ag_pluggable_alloc/ag_pluggable_free (the exact C ABI of CUDAPluggableAllocator)
+ * from any thread, without the GIL. A table maps each device index to one installed engine
+ * (device upstream only). Lock order: plug_rw (read for alloc/free, write for install/uninstall/
+ * destroy), then the engine's mutex; the error texts have their own leaf mutex. Failures never
+ * reach torch as anything but NULL: each refused alloc/free bumps the device's error count and
+ * replaces its last error text.
+ */
+
+#define PLUG_MAX_DEVICES 64
+
+typedef struct {
+    ag_engine *e;
+    int n_map;                        /* cudaStream_t value -> engine stream id (not NULL) */
+    void *stream_key[MAX_STREAMS];
+    int32_t stream_id[MAX_STREAMS];
+    int64_t errors;                   /* atomic */
+    char last_err[256];               /* under plug_err_mu */
+} plug_slot;
+
+static plug_slot plug_slots[PLUG_MAX_DEVICES];
+static pthread_rwlock_t plug_rw = PTHREAD_RWLOCK_INITIALIZER;
+static pthread_mutex_t plug_err_mu = PTHREAD_MUTEX_INITIALIZER;
+static __thread char tls_plug_err[256];
+
+static inline int plug_index_ok(int device) { return device >= 0 && device < PLUG_MAX_DEVICES; }
+
+static void plug_error(int device, const char *fmt, ...) {
+    plug_slot *s = &plug_slots[device];
+    __atomic_fetch_add(&s->errors, 1, __ATOMIC_RELAXED);
+    va_list ap;
+    va_start(ap, fmt);
+    pthread_mutex_lock(&plug_err_mu);
+    vsnprintf(s->last_err, sizeof s->last_err, fmt, ap);
+    pthread_mutex_unlock(&plug_err_mu);
+    va_end(ap);
+}
+
+static void plug_clear_runtime_error(const ag_upstream *u) {
+    if (u->dget_last_error) u->dget_last_error();
+}
+
+static void plug_forget_engine(ag_engine *e) {
+    pthread_rwlock_wrlock(&plug_rw);
+    int d = e->plug_device;
+    if (plug_index_ok(d) && plug_slots[d].e == e) {
+        plug_slots[d].e = NULL;
+        plug_slots[d].n_map = 0;
+    }
+    e->plug_device = -1;
+    pthread_rwlock_unlock(&plug_rw);
+}
+
+int ag_engine_set_threadsafe(ag_engine *e, int32_t on) {
+    /* Every public ag_* call on an engine already takes its mutex (cffi drops the GIL), so this
+     * only acknowledges the request; on = 0 is accepted and keeps the locking. */
+    if (!e) return fail(NULL, AG_ERR_INVALID, "ag_engine_set_threadsafe: no engine");
+    (void)on;
+    return AG_OK;
+}
+
+int ag_pluggable_install(int device, ag_engine *e) {
+    if (!plug_index_ok(device))
+        return fail(NULL, AG_ERR_INVALID, "device index %d is out of range 0..%d", device, PLUG_MAX_DEVICES - 1);
+    if (!e) return fail(NULL, AG_ERR_INVALID, "ag_pluggable_install: no engine");
+    if (e->up.kind != AG_UPSTREAM_DEVICE)
+        return fail(NULL, AG_ERR_INVALID,
+                    "only an engine on the device upstream (cudaMalloc/hipMalloc) can be the pluggable "
+                    "allocator; this one uses the %s upstream",
+                    e->up.kind == AG_UPSTREAM_HOST ? "host" : "counting");
+    int rc = AG_OK;
+    pthread_rwlock_wrlock(&plug_rw);
+    plug_slot *s = &plug_slots[device];
+    if (s->e == e) {
+        rc = AG_OK; /* already installed here */
+    } else if (s->e) {
+        rc = fail(NULL, AG_ERR_STATE, "device %d is already served by another engine; uninstall it first", device);
+    } else if (e->plug_device >= 0) {
+        rc = fail(NULL, AG_ERR_STATE, "this engine already serves device %d; one engine per device", e->plug_device);
+    } else {
+        s->e = e;
+        s->n_map = 0;
+        __atomic_store_n(&s->errors, 0, __ATOMIC_RELAXED);
+        pthread_mutex_lock(&plug_err_mu);
+        s->last_err[0] = 0;
+        pthread_mutex_unlock(&plug_err_mu);
+        e->plug_device = device;
+    }
+    pthread_rwlock_unlock(&plug_rw);
+    return rc;
+}
+
+int ag_pluggable_uninstall(int device) {
+    if (!plug_index_ok(device))
+        return fail(NULL, AG_ERR_INVALID, "device index %d is out of range 0..%d", device, PLUG_MAX_DEVICES - 1);
+    int rc = AG_OK;
+    pthread_rwlock_wrlock(&plug_rw);
+    plug_slot *s = &plug_slots[device];
+    ag_engine *e = s->e;
+    if (e) {
+        LOCK(e);
+        int64_t live = e->st.active[0].current; /* allocated + frees pending on other streams */
+        UNLOCK(e);
+        if (live > 0) {
+            rc = fail(NULL, AG_ERR_STATE,
+                      "device %d: %lld blocks of its engine are still allocated (memory torch may still "
+                      "use); free them (delete the tensors / the MemPool) before uninstalling",
+                      device, (long long)live);
+        } else {
+            s->e = NULL;
+            s->n_map = 0;
+            e->plug_device = -1;
+        }
+    }
+    pthread_rwlock_unlock(&plug_rw);
+    return rc;
+}
+
+int64_t ag_pluggable_errors(int device) {
+    if (!plug_index_ok(device)) return AG_ERR_INVALID;
+    return __atomic_load_n(&plug_slots[device].errors, __ATOMIC_RELAXED);
+}
+
+const char *ag_pluggable_last_error(int device) {
+    if (!plug_index_ok(device)) return NULL;
+    pthread_mutex_lock(&plug_err_mu);
+    memcpy(tls_plug_err, plug_slots[device].last_err, sizeof tls_plug_err);
+    pthread_mutex_unlock(&plug_err_mu);
+    tls_plug_err[sizeof tls_plug_err - 1] = 0;
+    return tls_plug_err;
+}
+
+/* The engine stream id of a cudaStream_t (NULL: stream 0), made on first sight. Under e->mu. */
+static int32_t plug_stream(plug_slot *s, ag_engine *e, void *stream) {
+    if (!stream) return 0;
+    for (int i = 0; i < s->n_map; i++)
+        if (s->stream_key[i] == stream) return s->stream_id[i];
+    if (s->n_map >= MAX_STREAMS || e->n_streams >= MAX_STREAMS)
+        return fail(e, AG_ERR_UNSUPPORTED, "stream %p is one stream too many: an engine serves at most %d streams",
+                    stream, MAX_STREAMS);
+    int32_t id = im_create_stream(e);
+    if (id < 0) return id;
+    s->stream_key[s->n_map] = stream;
+    s->stream_id[s->n_map] = id;
+    s->n_map++;
+    return id;
+}
+
+void *ag_pluggable_alloc(size_t size, int device, void *stream) {
+    if (size == 0 || !plug_index_ok(device)) return NULL; /* torch allocates 0-byte tensors */
+    void *out = NULL;
+    pthread_rwlock_rdlock(&plug_rw);
+    plug_slot *s = &plug_slots[device];
+    ag_engine *e = s->e;
+    if (!e) {
+        plug_error(device, "alloc(%zu bytes): no engine is installed for device %d", size, device);
+        pthread_rwlock_unlock(&plug_rw);
+        return NULL;
+    }
+    const ag_upstream *u = &e->up;
+    /* the current device is `device` for the call (cudaMalloc allocates on the current one) */
+    int prev = -1, switched = 0;
+    if (u->dget_device && u->dset_device) {
+        if (u->dget_device(&prev) != 0) {
+            plug_clear_runtime_error(u);
+        } else if (prev != device) {
+            if (u->dset_device(device) != 0) {
+                plug_clear_runtime_error(u);
+                plug_error(device, "alloc(%zu bytes): could not make device %d current", size, device);
+                pthread_rwlock_unlock(&plug_rw);
+                return NULL;
+            }
+            switched = 1;
+        }
+    }
+    /* a capturing stream must not see cudaFree: no release step on OOM, no GC */
+    int capturing = 0;
+    if (u->dis_capturing) {
+        int status = 0;
+        if (u->dis_capturing(stream, &status) != 0) {
+            plug_clear_runtime_error(u);
+            capturing = 1; /* unknown: the safe answer */
+        } else {
+            capturing = status != 0; /* active or invalidated */
+        }
+    }
+    LOCK(e);
+    int64_t r = plug_stream(s, e, stream);
+    if (r >= 0) {
+        e->no_release = capturing;
+        r = im_malloc(e, size > (size_t)INT64_MAX ? INT64_MAX : (int64_t)size, (int32_t)r, 0);
+        e->no_release = 0;
+    }
+    UNLOCK(e);
+    if (switched && u->dset_device(prev) != 0) plug_clear_runtime_error(u);
+    if (r < 0) plug_error(device, "alloc(%zu bytes, stream %p): %s", size, stream, tls_err);
+    else out = (void *)(uintptr_t)r;
+    pthread_rwlock_unlock(&plug_rw);
+    return out;
+}
+
+void ag_pluggable_free(void *ptr, size_t size, int device, void *stream) {
+    (void)size;
+    (void)stream;
+    if (!ptr || !plug_index_ok(device)) return;
+    pthread_rwlock_rdlock(&plug_rw);
+    ag_engine *e = plug_slots[device].e;
+    if (!e) {
+        plug_error(device, "free(%p): no engine is installed for device %d", ptr, device);
+    } else {
+        LOCK(e);
+        int rc = im_free(e, (uint64_t)(uintptr_t)ptr);
+        UNLOCK(e);
+        if (rc) plug_error(device, "free(%p) on device %d: %s", ptr, device, tls_err);
+    }
+    pthread_rwlock_unlock(&plug_rw);
+}

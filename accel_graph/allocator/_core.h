@@ -7,7 +7,8 @@
  * Contract for every function: nothing here prints, aborts or longjmps. Failures return a
  * negative status (AG_ERR_*), leave the engine consistent and usable, and put a one-line
  * reason in ag_last_error(). Functions returning a pointer or an id return it as a positive
- * int64 and a negative status on failure. Engines are not thread-safe: callers serialise.
+ * int64 and a negative status on failure. Every public call on an engine takes that engine's
+ * mutex (cffi releases the GIL), so threads may share an engine.
  *
  * Only the text between the CDEF markers is given to cffi's cdef (it cannot read #include or
  * include guards), so keep that part free of preprocessor lines.
@@ -222,6 +223,25 @@ int ag_replay(ag_engine *e, const ag_op *ops, int64_t n, uint64_t *slots, int64_
 uint64_t ag_round_size(const ag_settings *s, uint64_t size);
 uint64_t ag_rp2_next_division(uint64_t size, uint32_t divisions);
 uint64_t ag_allocation_size(const ag_settings *s, uint64_t size);
+
+/* The CUDAPluggableAllocator plug-in (docs/allocator.md "Pluggable-allocator entry points").
+ * The exact ABI torch looks up with ctypes (stream is a cudaStream_t/hipStream_t; NULL: the
+ * default stream). alloc of 0 bytes, or any failure, returns NULL; free(NULL) does nothing.
+ * Neither prints, aborts or reports to the caller: failures are counted per device. */
+void *ag_pluggable_alloc(size_t size, int device, void *stream);
+void ag_pluggable_free(void *ptr, size_t size, int device, void *stream);
+/* Bind a device-upstream engine to a device index (0..63). AG_ERR_STATE: another engine holds
+ * the device, or this engine serves another one; AG_ERR_INVALID: bad index or not the device
+ * upstream. Installing the same engine twice is AG_OK. Resets the device's error count. */
+int ag_pluggable_install(int device, ag_engine *e);
+/* Unbind; AG_ERR_STATE while any of its blocks is allocated. Nothing bound: AG_OK. */
+int ag_pluggable_uninstall(int device);
+/* The engine mutex is always taken; kept for the plug-in's contract (any value: AG_OK). */
+int ag_engine_set_threadsafe(ag_engine *e, int32_t on);
+/* Refused allocs/frees on the device since its last install (AG_ERR_INVALID: bad index). */
+int64_t ag_pluggable_errors(int device);
+/* The last refusal's text ("" if none; NULL for a bad index), a copy private to the thread. */
+const char *ag_pluggable_last_error(int device);
 /* CDEF END */
 
 #endif

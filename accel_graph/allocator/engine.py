@@ -15,7 +15,7 @@ Contract:
   changes nothing; an OOM leaves the engine usable.
 - The C core is imported on first use, never compiled at import: a missing build raises
   :class:`BackendUnavailable` saying how to rebuild.
-- Engines are not thread-safe; callers serialise. Memory handed out by a ``host`` engine lives
+- Every public C call takes the engine's own mutex (cffi releases the GIL around C). Memory handed out by a ``host`` engine lives
   until the engine is closed or collected: tensors over it must not outlive the engine.
 """
 

@@ -217,7 +217,11 @@ class TorchGraphBackend(TorchPools, Backend):
 
         Checked before anything touches the device: the synchronize of ``prepare_capture``
         inside a capture would invalidate the outer capture, and torch's own error comes only
-        after that damage."""
+        after that damage. Also refuses capture under a whole-process allocator swap, whose
+        graph-pool hooks torch keeps C++-only."""
+        from ..allocator.plugin import check_capture_allowed  # light: no engine, no CUDA
+
+        check_capture_allowed(device)
         outer = self._capturing.get(threading.get_ident())
         if outer is None and not self.is_current_stream_capturing(device):
             return

@@ -1,0 +1,532 @@
+"""Our caching allocator behind torch's ``CUDAPluggableAllocator`` (CUDA and ROCm builds).
+
+Two routes, as torch offers them (torch-internals §3):
+
+* **Backing allocator of a MemPool** (:meth:`DeviceAllocator.mem_pool`): torch keeps its own
+  caching and its graph-pool logic on top and asks us for whole segments. This is the route
+  when graphs are captured, and it works at any time, before or after CUDA initialised.
+* **Whole-process allocator** (:func:`install_process_allocator`): every CUDA allocation of the
+  process goes through our engine. torch allows the swap only before CUDA initialises, so it is
+  refused with :class:`AllocatorStateError` afterwards. torch's graph-pool hooks for pluggable
+  allocators (``set_begin_allocate_to_pool`` and friends) are C++-only, so while the swap is
+  active a capture on cuda/hip through :class:`accel_graph.Graph` is refused with a
+  :class:`~accel_graph.CaptureError` (the cuda and hip backends are re-registered with a guard).
+  torch's own ``memory_stats``/``memory_allocated`` raise after such a swap; ours stay available
+  (:meth:`DeviceAllocator.memory_stats`, :meth:`DeviceAllocator.snapshot`, :func:`memory_stats`).
+
+The C side is the cffi-built core (``accel_graph.allocator._core``); torch loads that same shared
+object with ``ctypes.CDLL`` and looks up two exported symbols with the exact ABI of
+``CUDAPluggableAllocator``::
+
+    void *ag_pluggable_alloc(size_t size, int device, cudaStream_t stream);
+    void  ag_pluggable_free(void *ptr, size_t size, int device, cudaStream_t stream);
+
+plus, through cffi, the control functions in :data:`CONTROL_SYMBOLS` (bind one engine per device,
+make an engine thread-safe, read the failures the ABI cannot return). Where the built core lacks
+any of them, every entry point here raises :class:`~accel_graph.BackendUnavailable` naming the
+library and the missing symbols.
+
+XPU's pluggable ABI takes a ``sycl::queue*`` and is out of scope.
+
+On a CPU-only machine none of this can run: the tests drive it against FAKE ``torch.cuda.memory``
+pieces (plumbing only); ``tools/device_check.py`` runs it on a GPU.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import threading
+import warnings
+from typing import Any
+
+import torch
+
+from ..errors import AccelGraphError, BackendUnavailable, CaptureError, ConfigError
+from .config import AllocatorSettings, parse_config, settings_from_environment
+from .engine import Engine, EngineSettings, _check, _core
+from .trace import ACTIONS
+
+__all__ = [
+    "ALLOC_SYMBOL",
+    "CONTROL_SYMBOLS",
+    "FREE_SYMBOL",
+    "AllocatorStateError",
+    "DeviceAllocator",
+    "check_capture_allowed",
+    "check_library",
+    "install_process_allocator",
+    "library_path",
+    "memory_stats",
+    "process_allocator",
+]
+
+log = logging.getLogger("accel_graph")
+
+#: The exported ``CUDAPluggableAllocator`` entry points (looked up by torch with ctypes).
+ALLOC_SYMBOL = "ag_pluggable_alloc"
+FREE_SYMBOL = "ag_pluggable_free"
+#: Control functions the Python side calls through cffi (see the report / docs/backends.md).
+CONTROL_SYMBOLS = (
+    "ag_pluggable_install",
+    "ag_pluggable_uninstall",
+    "ag_engine_set_threadsafe",
+    "ag_pluggable_errors",
+    "ag_pluggable_last_error",
+)
+
+_REBUILD = (
+    "rebuild the allocator core with a version that exports them "
+    "(`pip install --no-build-isolation -e .` from the repository root); until then use "
+    "torch's own allocator"
+)
+
+
+class AllocatorStateError(AccelGraphError):
+    """The allocator cannot be swapped (or unswapped) in the process's current state."""
+
+
+# ----------------------------------------------------------------------------------------------
+# the shared library
+
+
+def library_path() -> str:
+    """Path of the compiled core (cffi's extension module), the ``.so`` torch will load."""
+    core = _core()
+    path = getattr(core, "__file__", None)
+    if not path:
+        raise BackendUnavailable(
+            "the allocator core module has no file path, so torch cannot load it with ctypes; "
+            "install accel-graph from source so the core is a shared object on disk"
+        )
+    return str(path)
+
+
+def check_library(path: str | None = None) -> str:
+    """Load ``path`` (default :func:`library_path`) with ``ctypes.CDLL``, as torch will, and
+    check it exports :data:`ALLOC_SYMBOL` and :data:`FREE_SYMBOL`. Returns the path.
+
+    Raises :class:`BackendUnavailable` naming the path tried and what to do.
+    """
+    path = library_path() if path is None else os.fspath(path)
+    if not os.path.exists(path):
+        raise BackendUnavailable(
+            f"allocator library {path!r} does not exist; pass the path of a built "
+            f"accel_graph.allocator._core shared object, or omit it to use the installed one"
+        )
+    try:
+        lib = ctypes.CDLL(path)
+    except OSError as exc:
+        raise BackendUnavailable(
+            f"could not load allocator library {path!r} with ctypes.CDLL: {exc}; check that it "
+            f"was built for this platform and Python, or {_REBUILD}"
+        ) from exc
+    missing = [s for s in (ALLOC_SYMBOL, FREE_SYMBOL) if not hasattr(lib, s)]
+    if missing:
+        raise BackendUnavailable(
+            f"allocator library {path!r} loads but does not export {', '.join(missing)} "
+            f"(the CUDAPluggableAllocator entry points); {_REBUILD}"
+        )
+    return path
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _control(core: Any) -> Any:
+    lib = core.lib
+    missing = [s for s in CONTROL_SYMBOLS if not hasattr(lib, s)]
+    if missing:
+        raise BackendUnavailable(
+            f"the allocator core ({getattr(core, '__file__', 'accel_graph.allocator._core')}) "
+            f"lacks the plug-in control functions {', '.join(missing)}; {_REBUILD}"
+        )
+    return lib
+
+
+# ----------------------------------------------------------------------------------------------
+# torch pieces (feature-detected; looked up per call so tests can substitute fakes)
+
+
+def _cuda_memory() -> Any:
+    cuda = getattr(torch, "cuda", None)
+    mem = getattr(cuda, "memory", None)
+    if mem is None or not hasattr(mem, "CUDAPluggableAllocator"):
+        raise BackendUnavailable(
+            f"torch {torch.__version__} has no torch.cuda.memory.CUDAPluggableAllocator; "
+            f"the device allocator plug-in needs a CUDA or ROCm build of torch"
+        )
+    return mem
+
+
+def _device_kind() -> str:
+    return "hip" if getattr(torch.version, "hip", None) else "cuda"
+
+
+def _cuda_initialized() -> bool:
+    fn = getattr(torch.cuda, "is_initialized", None)
+    return bool(fn()) if fn is not None else False
+
+
+def _loaded_runtime_libs(kind: str) -> tuple[str, ...]:
+    """Paths of the CUDA/HIP runtime libraries already mapped into this process (torch's own),
+    so the engine calls the same copy torch does instead of whatever ``dlopen`` finds by name."""
+    stem = "libamdhip64.so" if kind == "hip" else "libcudart.so"
+    found: list[str] = []
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                path = line.rsplit(None, 1)[-1] if "/" in line else ""
+                if os.path.basename(path).startswith(stem) and path not in found:
+                    found.append(path)
+    except OSError:
+        pass
+    return tuple(found)
+
+
+def _engine_settings(settings: object, kind: str) -> EngineSettings:
+    if settings is None:
+        parsed, _ = settings_from_environment(device=kind)
+        settings = parsed
+    if isinstance(settings, str):
+        settings = parse_config(settings, device=kind)
+    if isinstance(settings, AllocatorSettings):
+        settings = EngineSettings.from_allocator_settings(settings)
+    if not isinstance(settings, EngineSettings):
+        raise ConfigError(
+            f"settings must be None (use PYTORCH_CUDA_ALLOC_CONF / PYTORCH_ALLOC_CONF), a config "
+            f"string, AllocatorSettings or EngineSettings; got {type(settings).__name__}"
+        )
+    overrides: dict[str, Any] = {"device_kind": kind}
+    if settings.expandable_segments:
+        warnings.warn(
+            "expandable_segments is ignored by the device allocator plug-in: its device "
+            "upstream uses cudaMalloc/hipMalloc, not the driver's virtual-memory API",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        overrides["expandable_segments"] = False
+    if not settings.device_libs:
+        overrides["device_libs"] = _loaded_runtime_libs(kind)
+    values = {f: getattr(settings, f) for f in EngineSettings.__dataclass_fields__}
+    values.update(overrides)
+    return EngineSettings(**values)
+
+
+# ----------------------------------------------------------------------------------------------
+# the allocator
+
+
+class DeviceAllocator:
+    """One caching-allocator engine per device, exported to torch as a ``CUDAPluggableAllocator``.
+
+    Args:
+        settings: ``None`` (the allocator variables in effect, as torch reads them), a config
+            string, :class:`~accel_graph.allocator.config.AllocatorSettings` or
+            :class:`~accel_graph.allocator.engine.EngineSettings`.
+        policy: the engine policy (``"native"``: PyTorch's caching allocator, modelled).
+        devices: device indices to serve (default: every visible device; counting them does
+            not initialise CUDA).
+        library: the shared object torch loads; it must be the imported core (the default),
+            since the engines are bound inside it. Checked with ctypes before use.
+        upstream: ``"device"`` (cudaMalloc/hipMalloc). Other values exist for plumbing tests.
+
+    Creating one loads the library and binds the engines; it does not initialise CUDA.
+    Statistics and traces come from our engines, so they keep working after a whole-process
+    swap, where torch's ``memory_stats`` raises.
+    """
+
+    def __init__(
+        self,
+        settings: object = None,
+        *,
+        policy: str = "native",
+        devices: list[int] | tuple[int, ...] | None = None,
+        library: str | os.PathLike[str] | None = None,
+        upstream: str = "device",
+    ) -> None:
+        self.kind = _device_kind()
+        self.settings = _engine_settings(settings, self.kind)
+        self.library = check_library(None if library is None else os.fspath(library))
+        core = _core()
+        if library is not None and not _same_file(self.library, library_path()):
+            raise ConfigError(
+                f"library={self.library!r} is not the allocator core this process imported "
+                f"({library_path()}): torch would call entry points that do not see the engines "
+                f"bound here. Omit library= to use the core"
+            )
+        self._lib = _control(core)
+        self._ffi = core.ffi
+        if devices is None:
+            devices = range(int(torch.cuda.device_count()))
+        self.devices = tuple(int(d) for d in devices)
+        if not self.devices:
+            raise BackendUnavailable(
+                "no CUDA/ROCm device is visible (torch.cuda.device_count() is 0), so there is "
+                "nothing to allocate on; check CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES"
+            )
+        self.engines: dict[int, Engine] = {}
+        self._torch_allocator: Any = None
+        self._lock = threading.Lock()
+        try:
+            for d in self.devices:
+                eng = Engine(
+                    policy, upstream, self.settings,
+                    device_name="HIP" if self.kind == "hip" else "CUDA", device_index=d,
+                )  # fmt: skip
+                _check(self._lib.ag_engine_set_threadsafe(eng._e, 1), eng)
+                rc = self._lib.ag_pluggable_install(d, eng._e)
+                if rc == self._lib.AG_ERR_STATE:
+                    eng.close()
+                    raise AllocatorStateError(
+                        f"{self.kind}:{d} is already served by another DeviceAllocator (one per "
+                        f"device per process); reuse that one, or close() it first"
+                    )
+                _check(rc, eng)
+                self.engines[d] = eng
+        except BaseException:
+            self._unbind()
+            raise
+        # Bound engines must outlive every tensor torch allocated from them: keep this object
+        # reachable until close(), whatever the caller does with its reference.
+        _live.append(self)
+
+    def __repr__(self) -> str:
+        return f"DeviceAllocator(kind={self.kind!r}, devices={list(self.devices)}, library={self.library!r})"
+
+    # -- torch side ------------------------------------------------------------------------
+    @property
+    def torch_allocator(self) -> Any:
+        """The ``torch.cuda.memory.CUDAPluggableAllocator`` over our library (built once)."""
+        with self._lock:
+            if self._torch_allocator is None:
+                mem = _cuda_memory()
+                try:
+                    self._torch_allocator = mem.CUDAPluggableAllocator(
+                        self.library, ALLOC_SYMBOL, FREE_SYMBOL
+                    )
+                except OSError as exc:
+                    raise BackendUnavailable(
+                        f"torch could not load allocator library {self.library!r}: {exc}; {_REBUILD}"
+                    ) from exc
+                except AttributeError as exc:
+                    raise BackendUnavailable(
+                        f"torch {torch.__version__} cannot use a pluggable allocator here ({exc}); "
+                        f"it needs a CUDA or ROCm build of torch"
+                    ) from exc
+            return self._torch_allocator
+
+    def mem_pool(self, **kwargs: Any) -> Any:
+        """A ``torch.cuda.MemPool`` whose segments come from our engine (the capture route).
+
+        ``kwargs`` go to ``MemPool`` (``use_on_oom``, ``no_split`` where this torch has them).
+        Use it with ``torch.cuda.use_mem_pool(pool)``, or capture into it with
+        ``accel_graph.Graph(pool=pool)`` / ``torch.cuda.graph(g, pool=pool.id)``.
+        """
+        mempool = getattr(torch.cuda, "MemPool", None)
+        if mempool is None:
+            raise BackendUnavailable(
+                f"torch {torch.__version__} has no torch.cuda.MemPool; upgrade torch (2.6+) or "
+                f"use install_process_allocator() before CUDA initialises"
+            )
+        handle = self.torch_allocator.allocator()
+        try:
+            return mempool(allocator=handle, **kwargs)
+        except TypeError as exc:
+            raise ConfigError(
+                f"torch.cuda.MemPool on torch {torch.__version__} does not accept "
+                f"{', '.join(kwargs) or 'allocator='}: {exc}"
+            ) from exc
+
+    # -- our statistics and traces ---------------------------------------------------------
+    def engine(self, device: int = 0) -> Engine:
+        """The engine serving ``device``."""
+        try:
+            return self.engines[int(device)]
+        except (KeyError, ValueError, TypeError):
+            have = ", ".join(map(str, self.devices))
+            raise ConfigError(
+                f"this allocator serves devices {have}, not {device!r}; pass one of those"
+            ) from None
+
+    def memory_stats(self, device: int = 0) -> dict[str, int]:
+        """``torch.cuda.memory_stats()``-shaped statistics of our engine on ``device``, plus
+        ``accel.pluggable_errors`` (allocations and frees the C entry points refused)."""
+        out = self.engine(device).memory_stats()
+        out["accel.pluggable_errors"] = int(self._lib.ag_pluggable_errors(int(device)))
+        return out
+
+    def last_error(self, device: int = 0) -> str:
+        """The last failure of the C entry points on ``device`` ("" when none)."""
+        p = self._lib.ag_pluggable_last_error(int(device))
+        return "" if p == self._ffi.NULL else self._ffi.string(p).decode(errors="replace")
+
+    def enable_history(self, max_entries: int = 0) -> None:
+        """Record allocator events on every device (our ``_record_memory_history``)."""
+        for eng in self.engines.values():
+            eng.enable_events(max_entries)
+
+    def snapshot(self) -> dict[str, Any]:
+        """A ``torch.cuda.memory._snapshot()``-shaped dict from our engines: segments of every
+        device, each device's recorded events (drained) as trace entries, and the settings.
+        Stream numbers are the engine's per-device stream ids (0: the default stream)."""
+        segments: list[dict[str, Any]] = []
+        traces: list[list[dict[str, Any]]] = []
+        for d in range(max(self.devices) + 1):
+            eng = self.engines.get(d)
+            if eng is None:
+                traces.append([])
+                continue
+            segments.extend(eng.snapshot())
+            traces.append(_trace_entries(eng.drain_events(as_list=True)))
+        return {
+            "segments": segments,
+            "device_traces": traces,
+            "allocator_settings": {"engine_settings": repr(self.settings), "policy": self._policy()},
+        }
+
+    def _policy(self) -> str:
+        return next(iter(self.engines.values())).policy if self.engines else "native"
+
+    def empty_cache(self, device: int | None = None) -> None:
+        """Return our engine's cached free segments to the driver (all devices by default)."""
+        for d in self.devices if device is None else (int(device),):
+            self.engine(d).empty_cache()
+
+    # -- lifetime ----------------------------------------------------------------------------
+    def _unbind(self) -> None:
+        for d in list(self.engines):
+            try:
+                self._lib.ag_pluggable_uninstall(d)
+            except Exception:  # pragma: no cover - best effort on a failed construction
+                pass
+        self.engines.clear()
+
+    def close(self) -> None:
+        """Unbind and close the engines. Refused while this is the process allocator, and by
+        the C side while any block is still allocated (memory torch may still use)."""
+        if _process is self:
+            raise AllocatorStateError(
+                "this DeviceAllocator is the whole-process CUDA allocator; torch cannot swap it "
+                "back, so it lives until the process exits"
+            )
+        for d, eng in list(self.engines.items()):
+            _check(self._lib.ag_pluggable_uninstall(d), eng)
+            eng.close()
+            del self.engines[d]
+        if self in _live:
+            _live.remove(self)
+
+
+def _trace_entries(events: list[tuple[int, ...]]) -> list[dict[str, Any]]:
+    """Engine events ``(seq, time_us, addr, size, pool_id, stream, action)`` as torch's
+    trace-entry dicts (``oom`` carries ``device_free`` instead of ``addr``)."""
+    out = []
+    for _seq, time_us, addr, size, pool_id, stream, action in events:
+        name = ACTIONS[action]
+        entry: dict[str, Any] = {"action": name}
+        entry["device_free" if name == "oom" else "addr"] = int(addr)
+        entry.update(size=int(size), stream=int(stream), time_us=int(time_us), frames=[])
+        if pool_id:
+            entry["pool_id"] = int(pool_id)
+        out.append(entry)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# the whole-process swap
+
+_process: DeviceAllocator | None = None
+_live: list[DeviceAllocator] = []
+_swap_lock = threading.Lock()
+
+
+def process_allocator() -> DeviceAllocator | None:
+    """The allocator installed by :func:`install_process_allocator`, or None."""
+    return _process
+
+
+def install_process_allocator(allocator: DeviceAllocator | None = None, **kwargs: Any) -> DeviceAllocator:
+    """Make our allocator the whole-process CUDA allocator (``change_current_allocator``).
+
+    Must run before CUDA initialises (before the first CUDA tensor, ``torch.cuda.init()`` or any
+    library that touches CUDA). Afterwards it raises :class:`AllocatorStateError` saying so; use
+    :meth:`DeviceAllocator.mem_pool` instead, which works at any time. ``kwargs`` build the
+    allocator when none is given. While installed, :class:`accel_graph.Graph` refuses to capture
+    on cuda/hip (see the module docstring); torch's own ``memory_stats`` stops working, ours
+    (:func:`memory_stats`) does not. The swap lasts until the process exits.
+    """
+    global _process
+    with _swap_lock:
+        if _process is not None:
+            if allocator is None or allocator is _process:
+                return _process
+            raise AllocatorStateError(
+                "a DeviceAllocator is already the whole-process allocator and torch cannot swap "
+                "it again; use accel_graph.allocator.plugin.process_allocator() to reach it"
+            )
+        mem = _cuda_memory()
+        if _cuda_initialized():
+            raise AllocatorStateError(_too_late("CUDA is already initialised in this process"))
+        if allocator is None:
+            allocator = DeviceAllocator(**kwargs)
+        elif kwargs:
+            raise ConfigError("pass either an allocator or the arguments to build one, not both")
+        try:
+            mem.change_current_allocator(allocator.torch_allocator)
+        except RuntimeError as exc:
+            if "initialized" in str(exc) or "initialised" in str(exc):
+                raise AllocatorStateError(_too_late(f"torch refused the swap ({exc})")) from exc
+            raise
+        _process = allocator
+        log.info("accel-graph allocator installed as the whole-process CUDA allocator (%s)", allocator)
+        return allocator
+
+
+def _too_late(why: str) -> str:
+    return (
+        f"cannot make the accel-graph allocator the whole-process CUDA allocator: {why}, and "
+        f"torch can swap its allocator only before that. Call "
+        f"accel_graph.allocator.plugin.install_process_allocator() first thing in the process, "
+        f"before any CUDA tensor, torch.cuda.init() or import that touches CUDA; or keep torch's "
+        f"allocator and use DeviceAllocator().mem_pool() with torch.cuda.use_mem_pool(), which "
+        f"works at any time and also supports graph capture"
+    )
+
+
+def check_capture_allowed(device: object) -> None:
+    """Raise :class:`CaptureError` when a capture on ``device`` (a cuda/hip device) would run
+    under the whole-process swap: torch's graph-pool hooks for pluggable allocators are C++-only,
+    so captured memory could be handed to other work after capture."""
+    if _process is None:
+        return
+    dtype = getattr(device, "device_type", None) or getattr(device, "type", None) or str(device)
+    if str(dtype).split(":")[0] != "cuda":
+        return
+    raise CaptureError(
+        f"cannot capture a graph on {device}: the accel-graph allocator is the whole-process CUDA "
+        f"allocator, and torch's graph-pool hooks for pluggable allocators "
+        f"(set_begin_allocate_to_pool / set_end_allocate_to_pool_fn / set_release_pool) are "
+        f"C++-only, so memory freed during capture could be reused by other work while the graph "
+        f"still uses it. Keep torch's allocator and capture into DeviceAllocator().mem_pool() "
+        f"(accel_graph.Graph(pool=pool)) instead"
+    )
+
+
+def memory_stats(device: int = 0) -> dict[str, Any]:
+    """Memory statistics that work either way: ours when the whole-process swap is active
+    (torch's raise then), else ``torch.cuda.memory_stats(device)``."""
+    if _process is not None:
+        return _process.memory_stats(device)
+    return dict(torch.cuda.memory_stats(device))
+
+
+def _reset_for_tests() -> None:
+    """Forget the process allocator (FAKE-torch tests only: a real swap cannot be undone)."""
+    global _process
+    _process = None
