@@ -31,6 +31,9 @@ _RANDOM = {
 }
 
 
+_CODE_CACHE: dict[str, Any] = {}
+
+
 class _Emitter:
     """Collects generated source lines and the objects they refer to by name."""
 
@@ -98,15 +101,22 @@ def build_replay(steps: list[Step], inputs: list[InputRecord]) -> Callable[[], N
     for i, rec in enumerate(inputs):
         x = em.bind(rec.tensor)
         shape, stride = em.bind(rec.shape), em.bind(rec.stride)
+        ptr = em.bind(rec.data_ptr)
         em.lines.append(
-            f"    if {x}.data_ptr() != {rec.data_ptr} or {x}.shape != {shape} "
+            f"    if {x}.data_ptr() != {ptr} or {x}.shape != {shape} "
             f"or {x}.stride() != {stride}: _stale({i})"
         )
     for step in steps:
         _emit_step(em, step)
     body = "\n".join(em.lines) or "    pass"
     src = f"def replay():\n{body}\n"
-    code = compile(src, "<accel_graph recorder replay>", "exec")
+    # Every value is a bound name, so programs of the same shape share one source text and
+    # one code object (repeated captures, buckets) instead of compiling and interning anew.
+    code = _CODE_CACHE.get(src)
+    if code is None:
+        if len(_CODE_CACHE) >= 512:
+            _CODE_CACHE.clear()
+        code = _CODE_CACHE[src] = compile(src, "<accel_graph recorder replay>", "exec")
     exec(code, em.ns)  # the namespace holds only objects bound above; no user text is compiled
     fn = em.ns["replay"]
     fn.__accel_graph_source__ = src
