@@ -119,6 +119,7 @@ def register_backend(cls: type[Backend]) -> None:
         assert _classes is not None
         _classes[cls.name] = cls
         _instances.pop(cls.name, None)
+        _routes.clear()
 
 
 def unregister_backend(name: str) -> None:
@@ -128,6 +129,7 @@ def unregister_backend(name: str) -> None:
         assert _classes is not None
         _classes.pop(name, None)
         _instances.pop(name, None)
+        _routes.clear()
 
 
 def _canonical(name: str) -> str:
@@ -236,7 +238,21 @@ def _index_device(index: int) -> torch.device:
     return torch.device(acc.type, index)
 
 
+_routes: dict[str, str] = {}
+
+
 def _backend_for_device(dev: torch.device) -> Backend:
+    # Probes are cheap but not free, and the reason a native backend was passed over is worth
+    # one log line, not one per Graph(): routing is decided once per device type.
+    name = _routes.get(dev.type)
+    if name is not None and name in registered_backends():
+        return get_backend(name)
+    backend = _route(dev)
+    _routes[dev.type] = backend.name
+    return backend
+
+
+def _route(dev: torch.device) -> Backend:
     classes = registered_backends()
     native = sorted(
         (cls for cls in classes.values() if _serves(cls, dev.type)),

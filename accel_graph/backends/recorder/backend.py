@@ -193,6 +193,7 @@ class RecorderGraphImpl(GraphImpl):
     def reset(self) -> None:
         self._steps, self._inputs, self._outputs = [], [], []
         self._frozen_steps = []
+        self._compiled = None
         self._replay_fn = None
         if self._release is not None:
             self._release()  # after dropping the program, so its memory can go

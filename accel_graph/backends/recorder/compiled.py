@@ -18,6 +18,7 @@ interpreted program, with the reason logged). The result is called unboxed (``f(
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import operator
@@ -40,6 +41,23 @@ aten = torch.ops.aten
 # at once fail with "CURRENT_PATCHER is None"), and graphs captured in different threads are
 # instantiated in those threads: compilations take turns.
 _COMPILE_LOCK = threading.Lock()
+
+
+def _static_tracing() -> Any:
+    """A tracing context with a static-shape fake mode, so Inductor's FX graph cache can hit.
+
+    Without one, compile_fx logs "Bypassing FX Graph Cache because 'No shape env'" and every
+    graph (every bucket, every run) pays full code generation again. Our programs are static
+    by construction, so a static shape environment is exact.
+    """
+    try:
+        from torch._guards import TracingContext, tracing
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+        return tracing(TracingContext(FakeTensorMode(shape_env=ShapeEnv(), static_shapes=True)))
+    except Exception:  # older torch: compile without the cache rather than not at all
+        return contextlib.nullcontext()
 
 
 def _extent(ref: PoolRef) -> int:
@@ -136,7 +154,9 @@ def build_fx(steps: list[Step], outputs: list[PoolRef]) -> tuple[fx.GraphModule,
             if isinstance(out, PoolRef):
                 by_ref[out] = value
                 if step.kind != "view":
-                    allocations[(out.segment, out.byte_offset)] = (out, value)
+                    key = (out.segment, out.byte_offset)
+                    allocations.pop(key, None)  # re-inserted last: the newest at this place
+                    allocations[key] = (out, value)
             else:  # a view of an input, made during capture
                 ext_nodes[id(out)] = value
     out_nodes = []
@@ -171,7 +191,7 @@ def compile_program(
     # emulate_precision_casts: keep eager's rounding of fp16/bf16 intermediates, which Inductor
     # otherwise elides when it fuses low-precision ops (results then differ from eager by more
     # than the fp32 tolerance, e.g. (x.half() + 1).float()).
-    with _COMPILE_LOCK, torch.no_grad(), inductor_config.patch(
+    with _COMPILE_LOCK, torch.no_grad(), _static_tracing(), inductor_config.patch(
         fallback_random=True, emulate_precision_casts=True
     ):
         compiled = compile_fx(copy.deepcopy(gm), example)

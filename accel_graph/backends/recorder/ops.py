@@ -237,7 +237,8 @@ def find_out_overload(func: OpOverload, number_args: frozenset[str] = frozenset(
         if sig == want:
             exact = cand
         elif number_args and all(
-            w == s or (w[0] == s[0] and w[0] in number_args and s[1] == "Scalar")
+            # A Scalar schema type prints as "number".
+            w == s or (w[0] == s[0] and w[0] in number_args and s[1] in ("Scalar", "number"))
             for w, s in zip(want, sig)
         ):
             scalar = cand
