@@ -2,7 +2,9 @@
 
 - :mod:`accel_graph.testing.plugin`: the pytest plugin (``backend_name``/``device`` fixtures
   over every registered backend, the ``gpu`` marker).
-- :mod:`accel_graph.testing.tolerances`: how replay is compared with eager, per dtype.
+- :mod:`accel_graph.testing.tolerances`: how replay is compared with eager, per dtype;
+  :func:`assert_replay_matches` is bitwise under interpreted replay and within tolerances under
+  compiled replay (``ACCEL_GRAPH_COMPILE=inductor``, the plugin's ``+inductor`` cases).
 - :func:`capture`: warm up, then capture a function the way real device-graph code does;
   :func:`capture_stream` for manual ``capture_begin``/``capture_end``.
 """
@@ -18,6 +20,8 @@ from .tolerances import (
     Tolerance,
     assert_bitwise_equal,
     assert_close_for_dtype,
+    assert_replay_matches,
+    compiled_replay,
     tolerance_for,
 )
 
@@ -26,8 +30,10 @@ __all__ = [
     "Tolerance",
     "assert_bitwise_equal",
     "assert_close_for_dtype",
+    "assert_replay_matches",
     "capture",
     "capture_stream",
+    "compiled_replay",
     "synchronize",
     "tolerance_for",
 ]

@@ -13,16 +13,26 @@ Enable it with ``pytest_plugins = ["accel_graph.testing.plugin"]`` in a ``confte
   ``is_current_stream_capturing(device)`` all route to it.
 - ``make_graph``: ``make_graph(**kwargs)`` is ``accel_graph.Graph(device=device, **kwargs)``,
   checked to be on the parametrized backend.
+- compiled replay: a backend whose ``capabilities().compile`` is True (the recorder) runs each
+  device test twice, as ``recorder`` (``ACCEL_GRAPH_COMPILE`` unset: interpreted replay) and as
+  ``recorder+inductor`` (``ACCEL_GRAPH_COMPILE=inductor``: every ``Graph`` made without
+  ``compile=`` is compiled at instantiation). ``accel_graph_compile`` is the active mode (None or
+  ``"inductor"``); :func:`accel_graph.testing.assert_replay_matches` compares bitwise or within
+  tolerances accordingly. In a compiled case, a graph whose compilation failed and fell back to
+  interpreted replay fails the test with the logged reason: a fallback must never pass silently.
 - the ``gpu`` marker, put automatically on the cases of native-graph backends and on cases that
   run on an accelerator, so ``pytest -m gpu`` runs exactly what needs a real accelerator.
-- ``--accel-graph-backend NAME[,NAME...]``: run only these backends.
+- ``--accel-graph-backend NAME[,NAME...]``: run only these backends; ``--accel-graph-compile
+  MODE[,MODE...]`` (``none``, ``inductor``): run only these replay modes (``-k "not inductor"``
+  works too).
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Generator
 from typing import Any
 
 import pytest
@@ -33,6 +43,11 @@ from ..backends import BUILTIN_BACKENDS, get_backend, registered_backends, safe_
 from ..backends.base import Backend
 
 _OPTION = "--accel-graph-backend"
+_COMPILE_OPTION = "--accel-graph-compile"
+#: The compile modes a backend with ``capabilities().compile`` is run under (None: interpreted).
+COMPILE_MODES: tuple[str | None, ...] = (None, "inductor")
+#: What the recorder logs (logger ``accel_graph``) when compile="inductor" falls back.
+FALLBACK_LOG_PREFIX = "compile='inductor' failed"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -42,6 +57,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         metavar="NAME[,NAME...]",
         help="accel-graph: run backend-parametrized tests only on these backends",
+    )
+    parser.addoption(
+        _COMPILE_OPTION,
+        action="store",
+        default=None,
+        metavar="MODE[,MODE...]",
+        help="accel-graph: replay modes for backends that compile (none, inductor; default: both)",
     )
 
 
@@ -88,6 +110,31 @@ def _accelerator_type() -> str | None:
         return None
 
 
+def _compiles(name: str) -> bool:
+    """Whether ``compile=`` changes anything on a backend (only a usable one can be asked)."""
+    return (
+        name in registered_backends()
+        and _probe(name) is None
+        and bool(get_backend(name).capabilities().compile)
+    )
+
+
+def _compile_modes(config: pytest.Config, name: str) -> list[str | None]:
+    """The replay modes to run ``name`` under: both where it compiles, else interpreted only."""
+    if not _compiles(name):
+        return [None]
+    wanted = config.getoption(_COMPILE_OPTION)
+    if not wanted:
+        return list(COMPILE_MODES)
+    keep = {w.strip().lower() for w in wanted.split(",") if w.strip()}
+    unknown = keep - {"none", *(m for m in COMPILE_MODES if m)}
+    if unknown:
+        raise pytest.UsageError(
+            f"{_COMPILE_OPTION}: unknown mode(s) {sorted(unknown)}; use none, inductor"
+        )
+    return [m for m in COMPILE_MODES if (m or "none") in keep]
+
+
 def _targets(config: pytest.Config) -> list[tuple[str, str | None]]:
     """(backend name, device type or None for the backend's default device) to run on.
 
@@ -112,6 +159,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "backend_name" not in metafunc.fixturenames:
         return
     targets = _targets(metafunc.config)
+    # Graphs are made on a device: only tests that ask for one get the device and compile variants.
     with_device = "accel_graph_device_type" in metafunc.fixturenames
     if not with_device:  # the test never asks for a device: one case per backend
         targets = [(n, None) for n in dict.fromkeys(n for n, _ in targets)]
@@ -119,13 +167,23 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     for name, dev in targets:
         ident = name if dev is None else f"{name}@{dev}"
         marks = [pytest.mark.gpu] if (dev is not None and dev != "cpu") or _is_native(name) else []
-        values = (name, dev) if with_device else (name,)
-        params.append(pytest.param(*values, id=ident, marks=marks))
+        if not with_device:
+            params.append(pytest.param(name, id=ident, marks=marks))
+            continue
+        for mode in _compile_modes(metafunc.config, name):
+            suffix = "" if mode is None else f"+{mode}"
+            params.append(pytest.param(name, dev, mode, id=ident + suffix, marks=marks))
     if not params:
-        skip = pytest.mark.skip(reason=f"no backend selected (registry, {_OPTION})")
-        values = (None, None) if with_device else (None,)
+        skip = pytest.mark.skip(
+            reason=f"no backend selected (registry, {_OPTION}, {_COMPILE_OPTION})"
+        )
+        values = (None, None, None) if with_device else (None,)
         params = [pytest.param(*values, id="no-backend", marks=skip)]
-    argnames = ("backend_name", "accel_graph_device_type") if with_device else ("backend_name",)
+    argnames = (
+        ("backend_name", "accel_graph_device_type", "accel_graph_compile")
+        if with_device
+        else ("backend_name",)
+    )
     metafunc.parametrize(argnames, params)
 
 
@@ -164,14 +222,82 @@ def accel_graph_device_type() -> str | None:
 
 
 @pytest.fixture
+def accel_graph_compile() -> str | None:
+    """Parametrized by the plugin: the compile mode of the case (None: interpreted replay)."""
+    return None
+
+
+class _FallbackLog(logging.Handler):
+    """Collects the recorder's "compile='inductor' failed ..." warnings while a test runs."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.reasons: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if str(record.msg).startswith(FALLBACK_LOG_PREFIX):
+            self.reasons.append(record.getMessage())
+
+
+_FALLBACKS = pytest.StashKey[_FallbackLog]()
+
+
+@pytest.fixture
 def device(
-    backend: Backend, accel_graph_device_type: str | None, monkeypatch: pytest.MonkeyPatch
-) -> torch.device:
-    """The device to create tensors on; routing is pinned to ``backend`` for the test."""
+    request: pytest.FixtureRequest,
+    backend: Backend,
+    accel_graph_device_type: str | None,
+    accel_graph_compile: str | None,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Generator[torch.device, None, None]:
+    """The device to create tensors on; routing is pinned to ``backend`` for the test, and the
+    default ``compile=`` to the case's mode (``ACCEL_GRAPH_COMPILE``), set or cleared."""
     monkeypatch.setenv(config.BACKEND_VAR, type(backend).name)
-    if accel_graph_device_type is None:
-        return backend.default_device()
-    return torch.device(accel_graph_device_type)
+    if accel_graph_compile is None:
+        monkeypatch.delenv(config.COMPILE_VAR, raising=False)
+    else:
+        monkeypatch.setenv(config.COMPILE_VAR, accel_graph_compile)
+    dev = (
+        backend.default_device()
+        if accel_graph_device_type is None
+        else torch.device(accel_graph_device_type)
+    )
+    if accel_graph_compile is None:
+        yield dev
+        return
+    watch, logger = _FallbackLog(), logging.getLogger("accel_graph")
+    level = logger.level
+    if not logger.isEnabledFor(logging.WARNING):  # a quieted logger must not hide a fallback
+        logger.setLevel(logging.WARNING)
+    logger.addHandler(watch)
+    request.node.stash[_FALLBACKS] = watch
+    try:
+        yield dev
+    finally:
+        logger.removeHandler(watch)
+        logger.setLevel(level)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
+    """A compiled case in which a graph fell back to interpreted replay fails, with the reasons."""
+    watch = item.stash.get(_FALLBACKS, None)
+    try:
+        result = yield
+    except BaseException as exc:  # failed anyway: say whether a fallback was involved
+        if watch is not None and watch.reasons and hasattr(exc, "add_note"):  # Python 3.11+
+            exc.add_note(_fallback_report(watch.reasons))
+        raise
+    if watch is not None and watch.reasons:
+        pytest.fail(_fallback_report(watch.reasons), pytrace=False)
+    return result
+
+
+def _fallback_report(reasons: list[str]) -> str:
+    return (
+        f"{len(reasons)} graph(s) fell back to interpreted replay in a compiled case:\n"
+        + "\n".join(f"  {r}" for r in reasons)
+    )
 
 
 @pytest.fixture

@@ -4,8 +4,10 @@ DESIGN.md's rule: interpreted replay at the captured shape runs the same kernels
 values as eager, so it must be *bitwise* equal (:func:`assert_bitwise_equal`). Compiled replay
 (``compile="inductor"``) and replay at a padded bucket reorder or fuse floating-point work, so
 they are compared within the per-dtype tolerances of :data:`TOLERANCES`
-(:func:`assert_close_for_dtype`). Both helpers accept a tensor or any nesting of lists, tuples and
-dicts of tensors, and fail with a message saying where and by how much the results differ.
+(:func:`assert_close_for_dtype`). :func:`assert_replay_matches` picks between the two from the
+active compile mode, so one test body serves both replay modes. All helpers accept a tensor or any
+nesting of lists, tuples and dicts of tensors, and fail with a message saying where and by how
+much the results differ.
 """
 
 from __future__ import annotations
@@ -16,11 +18,15 @@ from typing import Any
 
 import torch
 
+from .. import config
+
 __all__ = [
     "TOLERANCES",
     "Tolerance",
     "assert_bitwise_equal",
     "assert_close_for_dtype",
+    "assert_replay_matches",
+    "compiled_replay",
     "tolerance_for",
 ]
 
@@ -165,3 +171,29 @@ def assert_close_for_dtype(actual: Any, expected: Any, *, msg: str = "") -> None
                 f"{prefix}{where} is not within rtol={tol.rtol}, atol={tol.atol} for {e.dtype}: "
                 f"{_describe_mismatch(a, e, ~ok)}"
             )
+
+
+def compiled_replay() -> bool:
+    """Whether graphs made without ``compile=`` replay compiled code (``ACCEL_GRAPH_COMPILE``).
+
+    The plugin sets it per case (``recorder+inductor``); native backends ignore it.
+    """
+    return config.default_compile() is not None
+
+
+def assert_replay_matches(
+    actual: Any, expected: Any, *, msg: str = "", compiled: bool | None = None
+) -> None:
+    """Assert a graph's replay results match eager's, as DESIGN.md asks of the replay mode.
+
+    Bitwise (:func:`assert_bitwise_equal`) under interpreted replay; within the per-dtype
+    :data:`TOLERANCES` (:func:`assert_close_for_dtype`, exact for integers and bool) under
+    compiled replay. ``compiled`` defaults to :func:`compiled_replay`; pass it for a graph made
+    with an explicit ``compile=``.
+    """
+    if compiled is None:
+        compiled = compiled_replay()
+    if compiled:
+        assert_close_for_dtype(actual, expected, msg=msg)
+    else:
+        assert_bitwise_equal(actual, expected, msg=msg)

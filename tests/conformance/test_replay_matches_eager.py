@@ -1,4 +1,5 @@
-"""Interpreted replay at the captured shape is bitwise equal to eager on the same fresh inputs."""
+"""Replay at the captured shape matches eager on the same fresh inputs: bitwise when interpreted,
+within the per-dtype tolerances when compiled (the ``+inductor`` cases)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import accel_graph
-from accel_graph.testing import assert_bitwise_equal, capture
+from accel_graph.testing import assert_bitwise_equal, assert_replay_matches, capture
 
 from ._util import check_replay_matches_eager, copy_into, gen, randint, randn
 from .models import MLP, DecodeStep, TransformerBlock, build
@@ -32,7 +33,7 @@ def test_weights_are_inputs_by_reference(make_graph, device):
         for p, q in zip(model.parameters(), fresh_model.parameters(), strict=True):
             p.copy_(q)
     g.replay()
-    assert_bitwise_equal(out, fresh_model(x))
+    assert_replay_matches(out, fresh_model(x))
 
 
 def test_bucketed_graphs_on_views_of_one_static_input(make_graph, device):
@@ -50,7 +51,7 @@ def test_bucketed_graphs_on_views_of_one_static_input(make_graph, device):
         x_max[:b].copy_(fresh)
         g, out = graphs[b]
         g.replay()
-        assert_bitwise_equal(out, model(fresh), msg=f"bucket {b}")
+        assert_replay_matches(out, model(fresh), msg=f"bucket {b}")
 
 
 def test_capture_with_autograd_enabled(make_graph, device):
@@ -72,7 +73,7 @@ def test_two_models_share_a_pool(make_graph, device):
         g1.replay()
         g2.replay()
         eh = block(fresh)
-        assert_bitwise_equal([h, y], [eh, mlp(eh)], msg=f"round {r}")
+        assert_replay_matches([h, y], [eh, mlp(eh)], msg=f"round {r}")
 
 
 def test_transformer_block(make_graph, device):
@@ -97,9 +98,9 @@ def test_decode_step_updates_kv_cache_in_place_at_replay(make_graph, device):
         copy_into([x, pos], [fresh_x, fresh_pos])
         g.replay()
         expected = reference(fresh_x, fresh_pos)
-        assert_bitwise_equal(out, expected, msg=f"step {step}")
-        assert_bitwise_equal(captured.k_cache, reference.k_cache, msg=f"k_cache after step {step}")
-        assert_bitwise_equal(captured.v_cache, reference.v_cache, msg=f"v_cache after step {step}")
+        assert_replay_matches(out, expected, msg=f"step {step}")
+        assert_replay_matches(captured.k_cache, reference.k_cache, msg=f"k_cache after step {step}")
+        assert_replay_matches(captured.v_cache, reference.v_cache, msg=f"v_cache after step {step}")
     assert torch.count_nonzero(captured.k_cache[:, :, -1]) > 0
 
 
@@ -256,7 +257,7 @@ def test_constants_created_inside_capture(make_graph, device):
     for t in out:
         t.fill_(-7.0)
     g.replay()
-    assert_bitwise_equal(out, fn(x.clone()), msg="after the outputs were overwritten")
+    assert_replay_matches(out, fn(x.clone()), msg="after the outputs were overwritten")
 
 
 def test_python_constant_inside_capture(make_graph, backend, device):
@@ -275,7 +276,7 @@ def test_python_constant_inside_capture(make_graph, backend, device):
     )
     out[1].zero_()
     g.replay()
-    assert_bitwise_equal(out, fn(x.clone()), msg="after the constant output was overwritten")
+    assert_replay_matches(out, fn(x.clone()), msg="after the constant output was overwritten")
 
 
 def test_inplace_write_to_a_python_constant_inside_capture(make_graph, backend, device):
@@ -323,6 +324,6 @@ def test_inplace_writes_to_existing_tensors_happen_at_replay(make_graph, device)
         g.replay()
         e_acc.add_(fresh)
         e_grid[:, 1].copy_(fresh)
-        assert_bitwise_equal(
+        assert_replay_matches(
             [acc, out_buf, grid, y], [e_acc, fresh * 2, e_grid, fresh * 3], msg=f"replay {r}"
         )
