@@ -1,0 +1,371 @@
+"""``accel-graph demo``: serve the bundled decoder from captured graphs, check it, time it.
+
+What it does, in one process on the default device (the CPU recorder on a CPU-only box):
+
+1. builds the bundled :class:`~accel_graph.models.Decoder` and a
+   :class:`~accel_graph.GraphRunner` over its decode step for a small bucket ladder (compiled
+   replay with ``--compile``, the default), and captures it;
+2. serves a deterministic stream of requests of mixed batch sizes, each decoded greedily twice,
+   eagerly and through the runner (alternating which goes first);
+3. checks the tokens agree: a token may differ only where eager's top two logits are within the
+   float32 tolerance of each other (a near-tie, counted and reported; that row is not compared
+   further, as the sequences legitimately diverge); any other difference fails the demo (exit 1);
+4. times each bucket's step both ways, interleaved, by medians; batch-1 greedy decoding both
+   ways (median of interleaved generations); and the runner's own overhead per call (runner
+   call minus a bare replay of the same graph).
+
+Table on stdout; ``--json PATH`` writes the report (schema ``accel_graph.demo/1``, documented
+in ``docs/runner.md``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import ConfigError
+
+__all__ = ["SCHEMA", "add_arguments", "format_report", "run", "run_demo"]
+
+SCHEMA = "accel_graph.demo/1"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``accel-graph demo``."""
+    parser.add_argument("--buckets", type=int, nargs="+", default=[1, 2, 4], metavar="B",
+                        help="bucket ladder to capture (default: 1 2 4; the model's max_batch "
+                        "is the largest)")
+    parser.add_argument("--requests", type=int, default=12, metavar="N",
+                        help="requests in the served stream (default: 12)")
+    parser.add_argument("--new-tokens", type=int, default=24, metavar="N",
+                        help="tokens generated per sequence (default: 24)")
+    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
+                        help="compiled replay (Inductor; seconds per bucket on a cold cache); "
+                        "--no-compile replays the recorded program as captured")
+    parser.add_argument("--threads", type=int, default=1, metavar="T",
+                        help="torch intra-op threads (default: 1)")
+    parser.add_argument("--bench-iters", type=int, default=200, metavar="N",
+                        help="timed calls per variant and bucket (default: 200; 0 skips timing)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the request stream")
+    parser.add_argument("--json", type=Path, default=None, metavar="PATH",
+                        help="also write the report as JSON to PATH")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the demo; 0 when graph decoding matches eager, 1 otherwise."""
+    report = run_demo(
+        buckets=args.buckets, requests=args.requests, new_tokens=args.new_tokens,
+        compile=args.compile, threads=args.threads, bench_iters=args.bench_iters, seed=args.seed,
+    )
+    sys.stdout.write(format_report(report))
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2, allow_nan=False) + "\n", encoding="utf-8")
+        sys.stdout.write(f"wrote {args.json}\n")
+    return 0 if report["check"]["ok"] else 1
+
+
+def _validate(buckets: list[int], requests: int, new_tokens: int, threads: int,
+              bench_iters: int) -> None:
+    if not buckets or any(b < 1 for b in buckets):
+        raise ConfigError(f"--buckets needs positive batch sizes, got {buckets}")
+    if max(buckets) > 64:
+        raise ConfigError(f"--buckets up to 64 in the demo, got {max(buckets)}")
+    for name, value, low in (("--requests", requests, 1), ("--new-tokens", new_tokens, 1),
+                             ("--threads", threads, 1), ("--bench-iters", bench_iters, 0)):
+        if value < low:
+            raise ConfigError(f"{name} must be >= {low}, got {value}")
+    if new_tokens > 100:
+        raise ConfigError(f"--new-tokens must be <= 100 (the model's max_seq is 128), got {new_tokens}")
+
+
+def make_requests(seed: int, count: int, max_batch: int, vocab: int) -> list[torch.Tensor]:
+    """A deterministic stream of prompts ``[B, T]``: B mixed over 1..max_batch (small ones more
+    often, as in decode traffic), T in 2..8."""
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    sizes = list(range(1, max_batch + 1))
+    weights = [1.0 / s for s in sizes]
+    out = []
+    for k in range(count):
+        # Every batch size shows up once before the mix goes random, so every bucket serves.
+        b = sizes[k] if k < len(sizes) else rng.choices(sizes, weights)[0]
+        t = rng.randint(2, 8)
+        out.append(torch.randint(0, vocab, (b, t), generator=gen))
+    return out
+
+
+def _check_tokens(prompt_len: int, eager: torch.Tensor, graph: torch.Tensor,
+                  logits: list[torch.Tensor]) -> tuple[int, int, list[dict[str, Any]]]:
+    """(tokens compared, near-ties, unexplained mismatches) for one request."""
+    from ..testing.tolerances import tolerance_for
+
+    tol = tolerance_for(torch.float32)
+    compared, ties, bad = 0, 0, []
+    for r in range(eager.shape[0]):
+        for j in range(prompt_len, eager.shape[1]):
+            compared += 1
+            if eager[r, j] == graph[r, j]:
+                continue
+            top2 = logits[j - 1][r].topk(2).values.double()
+            gap = float(top2[0] - top2[1])
+            if gap <= tol.atol + tol.rtol * abs(float(top2[0])):
+                ties += 1
+            else:
+                bad.append({"row": r, "position": j, "eager": int(eager[r, j]),
+                            "graph": int(graph[r, j]), "top2_gap": gap})
+            break  # the sequences diverge from here on
+    return compared, ties, bad
+
+
+def _serve(model: Any, runner: Any, requests: list[torch.Tensor], new_tokens: int) -> dict[str, Any]:
+    from ..models import greedy_generate
+
+    eager_s = graph_s = 0.0
+    tokens = compared = ties = 0
+    mismatches: list[dict[str, Any]] = []
+    for k, prompt in enumerate(requests):
+        rec: list[torch.Tensor] = []
+
+        def eager_step(tok: torch.Tensor, pos: torch.Tensor, rec: list = rec) -> torch.Tensor:
+            out = model.decode_step(tok, pos)
+            rec.append(out)
+            return out
+
+        results = {}
+        # Alternate which goes first, so drift over the run hits both alike.
+        for which in (("eager", "graph") if k % 2 == 0 else ("graph", "eager")):
+            step = eager_step if which == "eager" else runner
+            t0 = time.perf_counter()
+            results[which] = greedy_generate(model, prompt, new_tokens, step=step)
+            dt = time.perf_counter() - t0
+            if which == "eager":
+                eager_s += dt
+            else:
+                graph_s += dt
+        tokens += prompt.shape[0] * new_tokens
+        c, t, bad = _check_tokens(prompt.shape[1], results["eager"], results["graph"], rec)
+        compared, ties = compared + c, ties + t
+        mismatches += [{"request": k, **m} for m in bad]
+    return {
+        "requests": len(requests),
+        "batch_sizes": [int(p.shape[0]) for p in requests],
+        "generated_tokens": tokens,
+        "eager_s": eager_s,
+        "graph_s": graph_s,
+        "eager_tokens_per_s": tokens / eager_s if eager_s else None,
+        "graph_tokens_per_s": tokens / graph_s if graph_s else None,
+        "speedup": eager_s / graph_s if graph_s else None,
+        "tokens_compared": compared,
+        "near_ties": ties,
+        "mismatches": mismatches,
+    }
+
+
+def _batch1_decode(model: Any, runner: Any, new_tokens: int, rounds: int) -> dict[str, Any]:
+    """Greedy decoding of one sequence, eager vs through the runner, interleaved generation by
+    generation; tokens/s from the median generation time."""
+    from ..bench.timing import interleaved_samples
+    from ..models import greedy_generate
+
+    prompt = torch.arange(4, dtype=torch.int64).unsqueeze(0)
+    variants = {
+        "eager": lambda: greedy_generate(model, prompt, new_tokens),
+        "graph": lambda: greedy_generate(model, prompt, new_tokens, step=runner),
+    }
+    s = interleaved_samples(variants, rounds=rounds, calls_per_round=1, warmup=1)
+    med = {k: sorted(v)[len(v) // 2] / 1e9 for k, v in s.items()}
+    return {
+        "batch": 1, "new_tokens": new_tokens, "rounds": rounds,
+        "eager_tokens_per_s": new_tokens / med["eager"],
+        "graph_tokens_per_s": new_tokens / med["graph"],
+        "speedup": med["eager"] / med["graph"],
+    }
+
+
+def _bench(model: Any, runner: Any, buckets: list[int], iters: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Per-bucket step medians (runner call vs eager) and the runner overhead at batch 1."""
+    from .. import GraphRunner
+    from ..bench.timing import interleaved_samples, summarize_ns
+
+    per_round = 10
+    rounds = max(1, iters // per_round)
+    rows = []
+    cfg = model.config
+    for b in buckets:
+        tok = torch.arange(b, dtype=torch.int64) % cfg.vocab_size
+        pos = torch.full((b,), 8, dtype=torch.int64)
+        variants = {"eager": lambda tok=tok, pos=pos: model.decode_step(tok, pos),
+                    "graph": lambda tok=tok, pos=pos: runner(tok, pos)}
+        s = interleaved_samples(variants, rounds=rounds, calls_per_round=per_round, warmup=3)
+        e, g = summarize_ns(s["eager"])["median_us"], summarize_ns(s["graph"])["median_us"]
+        rows.append({"bucket": b, "eager_step_us": e, "graph_step_us": g, "speedup": e / g})
+    # Overhead: the runner's pad/copy/replay/slice minus a bare replay of the same graph, on the
+    # decoder's batch-1 graph and on a tiny step whose replay costs almost nothing (there the
+    # difference is not drowned in the replay's own noise).
+    overhead: dict[str, Any] = {"batch": 1}
+    tok1, pos1 = torch.zeros(1, dtype=torch.int64), torch.full((1,), 8, dtype=torch.int64)
+    g1 = runner.graph(buckets[0]) if buckets[0] == 1 else None
+    if g1 is not None:
+        s = interleaved_samples({"runner": lambda: runner(tok1, pos1), "bare": g1.replay},
+                                rounds=rounds * 2, calls_per_round=per_round, warmup=3)
+        r_us, b_us = summarize_ns(s["runner"])["median_us"], summarize_ns(s["bare"])["median_us"]
+        overhead["decoder_runner_us"], overhead["decoder_bare_replay_us"] = r_us, b_us
+        overhead["decoder_overhead_us"] = r_us - b_us
+    x = torch.zeros(1, 64)
+    tiny = GraphRunner(lambda v: v * 2 + 1, (x,), buckets=[1, 2], verify=False, progress=False).capture()
+    gt = tiny.graph(1)
+    assert gt is not None
+    s = interleaved_samples({"runner": lambda: tiny(x), "bare": gt.replay},
+                            rounds=max(100, rounds * 5), calls_per_round=per_round, warmup=10)
+    r_us, b_us = summarize_ns(s["runner"])["median_us"], summarize_ns(s["bare"])["median_us"]
+    overhead.update(tiny_runner_us=r_us, tiny_bare_replay_us=b_us, tiny_overhead_us=r_us - b_us)
+    return rows, overhead
+
+
+def run_demo(*, buckets: list[int] | tuple[int, ...] = (1, 2, 4), requests: int = 12,
+             new_tokens: int = 24, compile: bool = True, threads: int = 1, bench_iters: int = 200,
+             seed: int = 0) -> dict[str, Any]:
+    """Run the demo and return its report (a JSON-ready dict, schema :data:`SCHEMA`)."""
+    buckets = sorted(set(buckets))
+    _validate(buckets, requests, new_tokens, threads, bench_iters)
+    t_start = time.perf_counter()
+    from .. import GraphRunner
+    from ..bench.timing import hardware_info
+    from ..models import Decoder, DecoderConfig
+
+    saved_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        cfg = DecoderConfig(max_batch=max(buckets))
+        model = Decoder(cfg)
+        example = (torch.zeros(1, dtype=torch.int64), torch.zeros(1, dtype=torch.int64))
+        runner = GraphRunner(model.decode_step, example, buckets=buckets,
+                             compile="inductor" if compile else None)
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            runner.capture()
+        capture_s = time.perf_counter() - t0
+        stream = make_requests(seed, requests, max(buckets), cfg.vocab_size)
+        with torch.inference_mode():
+            serving = _serve(model, runner, stream, new_tokens)
+            rows, overhead = _bench(model, runner, buckets, bench_iters) if bench_iters else ([], {})
+            batch1 = (_batch1_decode(model, runner, new_tokens, max(3, bench_iters // 10))
+                      if bench_iters and 1 in buckets else None)
+        memory = runner.memory_report()
+        stats = runner.stats()
+    finally:
+        torch.set_num_threads(saved_threads)
+    by_bucket = {r["bucket"]: r for r in rows}
+    table = []
+    for m in memory["buckets"]:
+        g = runner.graph(m["bucket"])
+        compiled = getattr(getattr(g, "_impl", None), "_compiled", None) if g is not None else None
+        table.append({
+            "bucket": m["bucket"],
+            "status": m["status"],
+            "reason": m["reason"],
+            "capture_ms": m["capture_ms"],
+            "compile_s": compiled.get("compile_s") if isinstance(compiled, dict) else None,
+            "compile_fallback": compiled.get("fallback") if isinstance(compiled, dict) else None,
+            "incremental_bytes": m["incremental_bytes"],
+            "standalone_bytes": m["standalone_bytes"],
+            **{k: by_bucket.get(m["bucket"], {}).get(k) for k in ("eager_step_us", "graph_step_us", "speedup")},
+        })
+    ok = not serving["mismatches"]
+    return {
+        "schema": SCHEMA,
+        "tool": "accel-graph demo",
+        "created_utc": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "hardware": hardware_info() | {"threads": threads},
+        "model": {"name": "accel_graph.models.Decoder", **cfg.as_dict(),
+                  "parameters": model.num_parameters()},
+        "settings": {"buckets": buckets, "requests": requests, "new_tokens": new_tokens,
+                     "compile": "inductor" if compile else None, "bench_iters": bench_iters,
+                     "seed": seed},
+        "capture_s": capture_s,
+        "buckets": table,
+        "pool_reserved_bytes": memory["pool_reserved_bytes"],
+        "serving": serving,
+        "batch1": batch1,
+        "overhead": overhead,
+        "runner_stats": stats,
+        "check": {"ok": ok, "near_ties": serving["near_ties"],
+                  "mismatches": len(serving["mismatches"])},
+        "wall_s": time.perf_counter() - t_start,
+    }
+
+
+def _f(value: Any, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """The human-readable tables of a :func:`run_demo` report."""
+    hw, st, sv = report["hardware"], report["settings"], report["serving"]
+    mib = 1 / 2**20
+    lines = [
+        f"accel-graph demo: {report['model']['name']} ({report['model']['parameters']:,} "
+        f"parameters), buckets {st['buckets']}, replay "
+        f"{'compiled (inductor)' if st['compile'] else 'as captured'}",
+        f"cpu: {hw['cpu']} | nproc {hw['nproc']} | torch {hw['torch']} | threads {hw['threads']}",
+        "",
+        f"{'bucket':>6} {'capture ms':>10} {'MiB incr':>9} {'MiB alone':>9} "
+        f"{'replay us':>10} {'eager us':>9} {'speedup':>8}  note",
+    ]
+    for row in report["buckets"]:
+        note = "" if row["status"] == "captured" else f"{row['status']}: {row['reason']}"
+        if row.get("compile_fallback"):
+            note += f"compile fell back: {row['compile_fallback']}"
+        inc, alone = row["incremental_bytes"], row["standalone_bytes"]
+        lines.append(
+            f"{row['bucket']:>6} {_f(row['capture_ms'], '.0f'):>10} "
+            f"{_f(None if inc is None else inc * mib, '.2f'):>9} "
+            f"{_f(None if alone is None else alone * mib, '.2f'):>9} "
+            f"{_f(row['graph_step_us'], '.1f'):>10} {_f(row['eager_step_us'], '.1f'):>9} "
+            f"{_f(row['speedup'], '.2f'):>7}x  {note}")
+    pool = report["pool_reserved_bytes"]
+    lines += [
+        f"pool: {_f(None if pool is None else pool * mib, '.2f')} MiB reserved; capture "
+        f"(with compile) {report['capture_s']:.1f} s",
+        "",
+        f"served {sv['requests']} requests (batch sizes {sv['batch_sizes']}), "
+        f"{sv['generated_tokens']} tokens each way:",
+        f"  eager {_f(sv['eager_tokens_per_s'], '.0f')} tokens/s | graph "
+        f"{_f(sv['graph_tokens_per_s'], '.0f')} tokens/s | speedup {_f(sv['speedup'], '.2f')}x",
+    ]
+    b1 = report.get("batch1")
+    if b1:
+        lines.append(
+            f"  batch 1 alone ({b1['new_tokens']} tokens, median of {b1['rounds']} interleaved "
+            f"generations): eager {b1['eager_tokens_per_s']:.0f} tokens/s | graph "
+            f"{b1['graph_tokens_per_s']:.0f} tokens/s | speedup {b1['speedup']:.2f}x")
+    ov = report["overhead"]
+    if ov:
+        line = (f"runner overhead per call at batch 1 (median runner call - median bare replay): "
+                f"{ov['tiny_overhead_us']:.1f} us on a tiny step ({ov['tiny_runner_us']:.1f} - "
+                f"{ov['tiny_bare_replay_us']:.1f})")
+        if "decoder_overhead_us" in ov:
+            line += (f"; {ov['decoder_overhead_us']:.1f} us on the decoder's graph "
+                     f"({ov['decoder_runner_us']:.1f} - {ov['decoder_bare_replay_us']:.1f}; "
+                     f"within that replay's own run-to-run noise)")
+        lines.append(line)
+    ck = report["check"]
+    verdict = "OK" if ck["ok"] else "FAILED"
+    lines.append(
+        f"greedy tokens, graph vs eager: {verdict}: {sv['tokens_compared']} compared, "
+        f"{ck['near_ties']} near-tie differences (eager's top-2 logits within fp32 tolerance), "
+        f"{ck['mismatches']} other differences")
+    for m in sv["mismatches"][:5]:
+        lines.append(f"  request {m['request']} row {m['row']} position {m['position']}: eager "
+                     f"{m['eager']} vs graph {m['graph']} (top-2 gap {m['top2_gap']:.3g})")
+    lines.append(f"wall time {report['wall_s']:.1f} s")
+    return "\n".join(lines) + "\n"
