@@ -5,6 +5,7 @@ are loaded on first use.
 """
 
 from .backends import current_backend, get_backend
+from .capturable import check_capturable
 from .errors import (
     AccelGraphError,
     BackendUnavailable,
@@ -16,6 +17,7 @@ from .errors import (
     ReplayError,
 )
 from .graph import Graph, graph, graph_pool_handle, is_current_stream_capturing
+from .runner import GraphRunner, suggest_buckets
 
 __version__ = "0.1.0"
 
@@ -25,13 +27,16 @@ __all__ = [
     "CaptureError",
     "ConfigError",
     "Graph",
+    "GraphRunner",
     "GraphStateError",
     "OutOfMemoryError",
     "PoolError",
     "ReplayError",
+    "check_capturable",
     "current_backend",
     "get_backend",
     "graph",
     "graph_pool_handle",
     "is_current_stream_capturing",
+    "suggest_buckets",
 ]

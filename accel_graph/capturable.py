@@ -1,0 +1,217 @@
+"""``accel_graph.check_capturable``: every capture-illegal operation of a function, at once.
+
+Capture stops at the first illegal operation; porting a model means fixing them one by one. This
+runs the function *eagerly on real data* under two flagging modes and reports every operation
+capture would refuse, each with the Python source line that issued it:
+
+- at the dispatcher (:class:`~torch.utils._python_dispatch.TorchDispatchMode`): the recorder's
+  own rules (:func:`accel_graph.backends.recorder.ops.illegal_reason`: host syncs,
+  data-dependent shapes, boolean-mask indexing, ...), and, with a GPU ``target`` whose tensors
+  are present, ops that mix host (CPU, non-0-dim) tensors with device tensors;
+- at the Python API (:class:`~torch.overrides.TorchFunctionMode`), for what the dispatcher
+  never sees: ``.tolist()`` and ``.numpy()`` (host reads), and, with a GPU ``target``,
+  ``.cpu()`` / ``.to("cpu")`` (device-to-host copies, a sync) and factory calls without
+  ``device=`` (they make host tensors on a GPU box).
+
+Nothing is captured and no pool is touched; the function runs as it would eagerly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+# The recorder's rules, imported on first use (``import accel_graph`` loads no backend).
+opinfo: Any = None
+tree_flatten: Any = None
+user_frame: Any = None
+
+
+def _load_rules() -> None:
+    global opinfo, tree_flatten, user_frame
+    if opinfo is None:
+        from .backends.recorder import capture, ops
+
+        opinfo, tree_flatten, user_frame = ops, capture.tree_flatten, capture.user_frame
+
+__all__ = ["CapturabilityReport", "Finding", "check_capturable"]
+
+_GPU_TYPES = frozenset({"cuda", "xpu", "hip", "mps", "npu", "privateuseone"})
+_FACTORIES = frozenset({
+    "arange", "zeros", "ones", "empty", "full", "rand", "randn", "randint", "randperm",
+    "linspace", "logspace", "eye", "tensor", "as_tensor", "empty_strided", "scalar_tensor",
+})
+_HOST_READS = {
+    "tolist": ".tolist() copies the tensor to a Python list on the host (a sync the dispatcher "
+    "never sees; under capture it reads memory that is not computed yet)",
+    "numpy": ".numpy() hands the tensor's memory to numpy on the host (a sync; under capture "
+    "the values are not computed yet)",
+}
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One operation capture would refuse: the op, why, and the user source line."""
+
+    op: str
+    reason: str
+    location: str
+    #: ``"dispatch"`` (an aten op) or ``"python"`` (a torch API call the dispatcher misses).
+    level: str = "dispatch"
+
+    def __str__(self) -> str:
+        return f"{self.location}: {self.op}: {self.reason}"
+
+
+@dataclass
+class CapturabilityReport:
+    """What :func:`check_capturable` found. Truthy when nothing was found (``ok``)."""
+
+    findings: list[Finding] = field(default_factory=list)
+    target: str | None = None
+    ops_seen: int = 0
+    result: Any = field(default=None, repr=False)
+
+    @property
+    def ok(self) -> bool:
+        return not self.findings
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+    def __iter__(self) -> Iterator[Finding]:
+        return iter(self.findings)
+
+    def __len__(self) -> int:
+        return len(self.findings)
+
+    def unique(self) -> list[Finding]:
+        """Findings with repeats (same op, reason and line, e.g. in a loop) folded."""
+        seen: dict[tuple[str, str, str], Finding] = {}
+        for f in self.findings:
+            seen.setdefault((f.op, f.reason, f.location), f)
+        return list(seen.values())
+
+    def format(self) -> str:
+        """A readable, one-line-per-finding summary."""
+        if self.ok:
+            return f"capturable: no capture-illegal operation in {self.ops_seen} ops"
+        uniq = self.unique()
+        lines = [f"{len(self.findings)} capture-illegal operation(s) ({len(uniq)} distinct)"
+                 + (f" for target {self.target}" if self.target else "") + ":"]
+        lines += [f"  {f}" for f in uniq]
+        return "\n".join(lines)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, "target": self.target, "ops_seen": self.ops_seen,
+                "findings": [asdict(f) for f in self.findings]}
+
+    def __str__(self) -> str:
+        return self.format()
+
+
+class _DispatchFlagger(TorchDispatchMode):
+    def __init__(self, report: CapturabilityReport, target: str | None) -> None:
+        super().__init__()
+        self.report, self.target = report, target
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: D401
+        kwargs = kwargs or {}
+        self.report.ops_seen += 1
+        reason = opinfo.illegal_reason(func, args, kwargs)
+        if reason is None and self.target is not None:
+            reason = _host_mix(func, args, kwargs, self.target)
+        if reason is not None:
+            self.report.findings.append(Finding(str(func), reason, user_frame()))
+        return func(*args, **kwargs)  # keep going: the point is to find every one
+
+
+def _host_mix(func: Any, args: tuple, kwargs: dict, target: str) -> str | None:
+    tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+    on_target = [t for t in tensors if t.device.type == target]
+    if not on_target:
+        return None
+    host = [t for t in tensors if t.device.type == "cpu" and t.dim() > 0]
+    if host:
+        return (f"mixes host (CPU) tensors of shape {tuple(host[0].shape)} with {target} tensors: "
+                f"a host-to-device copy, which capture cannot replay; create the tensor on the "
+                f"device (device=x.device) outside or inside the captured region")
+    out_dev = kwargs.get("device")
+    if func.overloadpacket.__name__ in ("_to_copy", "copy_", "_copy_from") and (
+        (out_dev is not None and torch.device(out_dev).type == "cpu")
+        or (func.overloadpacket.__name__ != "_to_copy" and args and isinstance(args[0], torch.Tensor)
+            and args[0].device.type == "cpu")):
+        return f"copies a {target} tensor to the host (a device sync); keep it on the device"
+    return None
+
+
+class _FunctionFlagger(TorchFunctionMode):
+    def __init__(self, report: CapturabilityReport, target: str | None) -> None:
+        super().__init__()
+        self.report, self.target = report, target
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: D401
+        kwargs = kwargs or {}
+        reason = self._reason(func, args, kwargs)
+        if reason is not None:
+            name = getattr(func, "__qualname__", None) or getattr(func, "__name__", str(func))
+            self.report.findings.append(Finding(name, reason, user_frame(), level="python"))
+        return func(*args, **kwargs)
+
+    def _reason(self, func: Any, args: tuple, kwargs: dict) -> str | None:
+        name = getattr(func, "__name__", "")
+        if name in _HOST_READS and args and isinstance(args[0], torch.Tensor):
+            return _HOST_READS[name]
+        if self.target is None:
+            return None
+        if name == "cpu" and args and isinstance(args[0], torch.Tensor):
+            return f".cpu() copies to the host, a sync on {self.target}; keep the tensor on the device"
+        if name == "to" and args and isinstance(args[0], torch.Tensor):
+            dev = kwargs.get("device")
+            for a in args[1:]:
+                if isinstance(a, (str, torch.device)):
+                    dev = a
+            if dev is not None and torch.device(dev).type == "cpu":
+                return f'.to("cpu") copies to the host, a sync on {self.target}; keep the tensor on the device'
+        if name in _FACTORIES and getattr(func, "__module__", "") in ("torch", "torch._C._VariableFunctions", None) \
+                and kwargs.get("device") is None and not _has_default_device(self.target):
+            return (f"torch.{name}() without device= makes a host (CPU) tensor; on {self.target} "
+                    f"using it with device tensors is a host-to-device copy capture cannot "
+                    f"replay: pass device=")
+        return None
+
+
+def _has_default_device(target: str) -> bool:
+    get = getattr(torch, "get_default_device", None)
+    return get is not None and get().type == target
+
+
+def check_capturable(fn: Callable[..., Any], *args: Any, target: str | torch.device | None = None,
+                     **kwargs: Any) -> CapturabilityReport:
+    """Run ``fn(*args, **kwargs)`` eagerly and report every operation capture would refuse.
+
+    Args:
+        fn, args, kwargs: the function and real inputs; ``fn`` runs once, for real, under
+            ``torch.no_grad()`` (its side effects happen).
+        target: the device the code will be captured on (``"cuda"``, ``"xpu"``, a
+            ``torch.device``). With a GPU target, CPU tensors count as host memory: ``.cpu()``,
+            ``.to("cpu")``, factories without ``device=`` and ops mixing CPU tensors with
+            target tensors are flagged too. None (default): the recorder's rules only.
+
+    Returns a :class:`CapturabilityReport`: ``report.ok`` (also its truth value),
+    ``report.findings`` (each with ``op``, ``reason``, ``location``), ``report.format()``, and
+    ``report.result`` (what ``fn`` returned). Exceptions raised by ``fn`` propagate.
+    """
+    _load_rules()
+    tgt = None if target is None else torch.device(target).type
+    if tgt == "cpu":
+        tgt = None  # host memory is the device: nothing more to flag
+    report = CapturabilityReport(target=None if target is None else str(target))
+    with torch.no_grad(), _FunctionFlagger(report, tgt), _DispatchFlagger(report, tgt):
+        report.result = fn(*args, **kwargs)
+    return report

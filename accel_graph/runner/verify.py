@@ -1,0 +1,76 @@
+"""Eager-vs-replay verification without doubling side effects.
+
+The first replay of each bucket is compared with an eager call on the same (padded) inputs.
+Both mutate whatever state the function writes (a KV cache, a counter), so running both would
+apply the step twice. :class:`UndoLog` records, at the dispatcher, every tensor the eager call
+writes in place (cloning it just before its first write), so the runner can put the state back,
+replay, compare, and keep whichever side-effects belong to the result it returns.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.weak import WeakIdKeyDictionary
+
+from ..testing.tolerances import assert_close_for_dtype
+
+__all__ = ["UndoLog", "compare"]
+
+
+class UndoLog(TorchDispatchMode):
+    """Records the pre-state of every pre-existing tensor written in place while active.
+
+    Tensors created inside the block are not recorded (nothing outside can see them). After the
+    block: :meth:`snapshot_post` keeps the state the block left, :meth:`restore` puts the
+    pre-state back (in reverse order, so overlapping views end up right), :meth:`reapply` puts
+    the post-state back.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.saved: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.post: list[torch.Tensor] = []
+        self._fresh: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self._seen: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: D401
+        kwargs = kwargs or {}
+        schema = func._schema
+        if schema.is_mutable and torch.Tag.inplace_view not in func.tags:
+            for i, arg in enumerate(schema.arguments):
+                if arg.alias_info is None or not arg.alias_info.is_write:
+                    continue
+                value = args[i] if i < len(args) else kwargs.get(arg.name)
+                for t in value if isinstance(value, (list, tuple)) else (value,):
+                    if isinstance(t, torch.Tensor) and t not in self._fresh and t not in self._seen:
+                        self._seen[t] = True
+                        self.saved.append((t, t.clone()))
+        out = func(*args, **kwargs)
+        if not schema.is_mutable and all(r.alias_info is None for r in schema.returns):
+            for t in out if isinstance(out, (list, tuple)) else (out,):
+                if isinstance(t, torch.Tensor):
+                    self._fresh[t] = True
+        return out
+
+    def snapshot_post(self) -> None:
+        self.post = [t.clone() for t, _ in self.saved]
+
+    def restore(self) -> None:
+        for t, before in reversed(self.saved):
+            t.copy_(before)
+
+    def reapply(self) -> None:
+        for (t, _), after in zip(self.saved, self.post):
+            t.copy_(after)
+
+
+def compare(actual: Any, expected: Any) -> str | None:
+    """None when ``actual`` is within the per-dtype tolerances of ``expected``, else why not."""
+    try:
+        assert_close_for_dtype(actual, expected, msg="replay vs eager")
+    except AssertionError as exc:
+        return str(exc)
+    return None
