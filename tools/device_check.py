@@ -1,0 +1,640 @@
+#!/usr/bin/env python
+"""The one prepared GPU check: everything accel-graph cannot verify on a CPU-only machine.
+
+    python tools/device_check.py [--out DIR] [--rows ROW[,ROW...]] [--iters N]
+
+Rows (each runs in its own subprocess with its own timeout, so a crash, a sticky device error
+or a hang in one row cannot stop the others; the exception or the output tail is recorded):
+
+``conformance``
+    ``pytest tests/conformance -m gpu --accel-graph-backend <native>``: the graph semantics on
+    the native backend (cuda, hip or xpu).
+``replay_overhead``
+    host-side launch time of ``accel_graph.Graph.replay()`` against raw
+    ``torch.cuda.CUDAGraph.replay()`` on a one-kernel graph: N interleaved calls each (default
+    10,000), one ``perf_counter_ns`` pair around each call, no synchronisation inside a timed
+    region (the queue is drained every 256 pairs, outside them); medians, their ratio and the
+    absolute difference. Targets: ratio <= 1.05 and overhead < 2 us.
+``plugin_mempool``
+    our allocator as the backing allocator of a ``torch.cuda.MemPool``: allocate through it,
+    capture a graph into it with ``torch.cuda.graph(pool=...)`` and with
+    ``accel_graph.Graph(pool=...)``, replay and compare with eager; our engine's statistics.
+``plugin_process_swap``
+    our allocator as the whole-process allocator (swapped before CUDA initialises): tensors
+    allocate through it, our statistics work where torch's raise, a capture through
+    ``accel_graph.Graph`` is refused; and, in a second process, a swap after CUDA initialised is
+    refused with our error.
+``simulator_trace``
+    a trace recorded with torch's own recorder (``_record_memory_history`` + ``_snapshot()``) over
+    a small workload, saved to the output folder, and replayed through our simulator when
+    ``accel_graph.allocator`` offers one (segment count and reserved bytes against the real
+    allocator under the default config); otherwise the row is ``pending: simulator not built``.
+
+Statuses: ``pass``, ``fail`` (ran, missed its target), ``error`` (raised, crashed or timed out),
+``pending`` (a prerequisite is not built yet), ``skipped`` (no GPU: on a CPU-only machine every
+row is ``skipped: no GPU`` and the script exits 0). The exit status is 1 when any row is ``fail``
+or ``error``.
+
+Output: a table on stdout, and ``device_check.json`` (schema ``accel-graph.device-check`` v1,
+documented in docs/doctor.md) plus ``device_check.md`` (the table with date, GPU, driver and torch
+version) in ``--out`` (default ``$OUT`` when set, else ``./device_check_out``), together with
+the artefacts rows leave there (junit XML, the recorded snapshot).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import importlib
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+import xml.etree.ElementTree as ET
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+SCHEMA = "accel-graph.device-check"
+SCHEMA_VERSION = 1
+RESULT_PREFIX = "DEVICE_CHECK_RESULT "
+ROWS = ("conformance", "replay_overhead", "plugin_mempool", "plugin_process_swap", "simulator_trace")
+#: Wall-clock limit of each row's subprocess, seconds (the whole script stays under 5 minutes).
+TIMEOUTS = {
+    "conformance": 170,
+    "replay_overhead": 40,
+    "plugin_mempool": 30,
+    "plugin_process_swap": 40,
+    "simulator_trace": 30,
+}
+RATIO_TARGET = 1.05
+OVERHEAD_TARGET_US = 2.0
+#: Where a whole-trace replay function may appear once the simulator is built (module, attr).
+SIMULATOR_CANDIDATES = (
+    ("accel_graph.allocator", "replay"),
+    ("accel_graph.allocator", "simulate"),
+    ("accel_graph.allocator.simulator", "replay"),
+    ("accel_graph.allocator.simulator", "simulate"),
+    ("accel_graph.allocator.simulate", "simulate"),
+    ("accel_graph.allocator.replay", "replay"),
+)
+
+
+def _row(status: str, summary: str, **details: Any) -> dict[str, Any]:
+    return {"status": status, "summary": summary, "details": details}
+
+
+# ----------------------------------------------------------------------------------------------
+# environment
+
+
+def environment() -> dict[str, Any]:
+    """Date, host, GPU, driver and versions. Never raises."""
+    env: dict[str, Any] = {
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "host": platform.node(),
+        "python": platform.python_version(),
+        "gpu": None,
+        "gpu_count": 0,
+        "driver": None,
+        "torch": None,
+        "cuda": None,
+        "hip": None,
+        "xpu": None,
+        "native_backend": None,
+    }
+    try:
+        import torch
+
+        env["torch"] = torch.__version__
+        env["cuda"] = torch.version.cuda
+        env["hip"] = getattr(torch.version, "hip", None)
+        env["xpu"] = getattr(torch.version, "xpu", None)
+        if torch.cuda.is_available():
+            env["native_backend"] = "hip" if env["hip"] else "cuda"
+            env["gpu_count"] = torch.cuda.device_count()
+            env["gpu"] = torch.cuda.get_device_name(0)  # initialises CUDA here only (rows are children)
+        elif hasattr(torch, "xpu") and torch.xpu.is_available():
+            env["native_backend"] = "xpu"
+            env["gpu_count"] = torch.xpu.device_count()
+            env["gpu"] = torch.xpu.get_device_name(0)
+    except Exception as exc:
+        env["error"] = f"{type(exc).__name__}: {exc}"
+    env["driver"] = _driver_version(env)
+    return env
+
+
+def _driver_version(env: dict[str, Any]) -> str | None:
+    for path in ("/proc/driver/nvidia/version", "/sys/module/amdgpu/version"):
+        try:
+            text = Path(path).read_text()
+        except OSError:
+            continue
+        m = re.search(r"Kernel Module(?: for [^ ]+)?\s+([0-9][0-9.]*)", text)
+        return m.group(1) if m else text.strip().splitlines()[0]
+    return None
+
+
+# ----------------------------------------------------------------------------------------------
+# running rows
+
+
+def _run_child(row: str, out: Path, timeout: float, *extra: str) -> dict[str, Any]:
+    """Run ``--child row`` in a fresh interpreter; its last result line is the row's result."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", row, "--out", str(out), *extra]
+    try:
+        proc = subprocess.run(
+            cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=_child_env()
+        )
+    except subprocess.TimeoutExpired as exc:
+        tail = (exc.stdout or "")[-2000:] if isinstance(exc.stdout, str) else ""
+        return _row("error", f"timed out after {timeout:.0f} s", output_tail=tail)
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith(RESULT_PREFIX):
+            return json.loads(line[len(RESULT_PREFIX):])
+    tail = (proc.stdout + proc.stderr)[-3000:]
+    return _row("error", f"child exited with status {proc.returncode} and no result", output_tail=tail)
+
+
+def _child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH", "")]))
+    return env
+
+
+def run_rows(
+    rows: list[str], runners: dict[str, Callable[[], dict[str, Any]]]
+) -> list[dict[str, Any]]:
+    """Run each row's runner, isolating failures: an exception becomes an ``error`` row."""
+    results = []
+    for name in rows:
+        t0 = time.perf_counter()
+        try:
+            res = runners[name]()
+        except Exception as exc:
+            res = _row(
+                "error", f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc()[-3000:]
+            )
+        res = {"row": name, **res, "seconds": round(time.perf_counter() - t0, 2)}
+        results.append(res)
+        print(f"  {name}: [{res['status']}] {res['summary']}", flush=True)
+    return results
+
+
+def _conformance(env: dict[str, Any], out: Path) -> dict[str, Any]:
+    backend = env["native_backend"]
+    xml = out / "conformance.xml"
+    cmd = [
+        sys.executable, "-m", "pytest", "tests/conformance", "-m", "gpu",
+        "--accel-graph-backend", backend, "-q", "-p", "no:cacheprovider",
+        f"--junitxml={xml}",
+    ]  # fmt: skip
+    try:
+        proc = subprocess.run(
+            cmd, cwd=REPO, capture_output=True, text=True, timeout=TIMEOUTS["conformance"],
+            env=_child_env(),
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return _row("error", f"timed out after {TIMEOUTS['conformance']} s", command=" ".join(cmd))
+    counts, failed = _junit(xml)
+    tail = proc.stdout[-2500:]
+    (out / "conformance.log").write_text(proc.stdout + proc.stderr)
+    ran = counts["tests"] - counts["skipped"]
+    summary = (
+        f"{backend}: {ran - counts['failures'] - counts['errors']}/{ran} passed, "
+        f"{counts['skipped']} skipped"
+    )
+    status = "pass" if proc.returncode == 0 and ran > 0 else "fail"
+    if proc.returncode == 5 or ran == 0:
+        summary = f"{backend}: no test ran (pytest exit {proc.returncode})"
+    return _row(status, summary, backend=backend, exit_status=proc.returncode, counts=counts,
+                failed=failed[:30], output_tail=tail if status != "pass" else "")  # fmt: skip
+
+
+def _junit(path: Path) -> tuple[dict[str, int], list[str]]:
+    counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+    failed: list[str] = []
+    try:
+        root = ET.parse(path).getroot()
+    except (OSError, ET.ParseError):
+        return counts, failed
+    for suite in root.iter("testsuite"):
+        for k in counts:
+            counts[k] += int(suite.get(k, 0) or 0)
+    for case in root.iter("testcase"):
+        if case.find("failure") is not None or case.find("error") is not None:
+            failed.append(f"{case.get('classname')}::{case.get('name')}")
+    return counts, failed
+
+
+def _process_swap(out: Path) -> dict[str, Any]:
+    res = _run_child("plugin_process_swap", out, TIMEOUTS["plugin_process_swap"] / 2)
+    late = _run_child("plugin_swap_after_init", out, TIMEOUTS["plugin_process_swap"] / 2)
+    res.setdefault("details", {})["swap_after_init"] = late
+    if res["status"] == "pass" and late["status"] != "pass":
+        res["status"] = late["status"]
+        res["summary"] += f"; swap after init: {late['summary']}"
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", help="output folder (default: $OUT, else ./device_check_out)")
+    parser.add_argument("--rows", help=f"comma-separated subset of: {', '.join(ROWS)}")
+    parser.add_argument("--iters", type=int, default=10_000, help="replay_overhead calls per variant")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    out = Path(args.out or os.environ.get("OUT") or "device_check_out")
+    out.mkdir(parents=True, exist_ok=True)
+    if args.child:
+        return _child_main(args.child, out, args.iters)
+    rows = list(ROWS) if not args.rows else [r.strip() for r in args.rows.split(",") if r.strip()]
+    unknown = [r for r in rows if r not in ROWS]
+    if unknown:
+        parser.error(f"unknown row(s) {', '.join(unknown)}; choose from {', '.join(ROWS)}")
+
+    env = environment()
+    backend = env["native_backend"]
+    print(f"device_check: {env['gpu'] or 'no GPU'}; torch {env['torch']}; driver {env['driver']}", flush=True)
+
+    def skip(why: str) -> Callable[[], dict[str, Any]]:
+        return lambda: _row("skipped", why)
+
+    runners: dict[str, Callable[[], dict[str, Any]]] = {}
+    for name in ROWS:
+        if backend is None:
+            runners[name] = skip("skipped: no GPU")
+        elif backend == "xpu" and name != "conformance":
+            runners[name] = skip("skipped: needs a CUDA or ROCm GPU (XPU has no CUDAPluggableAllocator)")
+        elif name == "conformance":
+            runners[name] = lambda: _conformance(env, out)
+        elif name == "plugin_process_swap":
+            runners[name] = lambda: _process_swap(out)
+        else:
+            runners[name] = lambda n=name: _run_child(n, out, TIMEOUTS[n], "--iters", str(args.iters))
+    results = run_rows(rows, runners)
+    report = {
+        "schema": SCHEMA,
+        "schema_version": SCHEMA_VERSION,
+        **env,
+        "rows": results,
+        "ok": all(r["status"] not in ("fail", "error") for r in results),
+    }
+    table = format_table(report)
+    print(table)
+    (out / "device_check.json").write_text(json.dumps(report, indent=2) + "\n")
+    (out / "device_check.md").write_text(table + "\n")
+    return 0 if report["ok"] else 1
+
+
+def format_table(report: dict[str, Any]) -> str:
+    """A markdown table of the rows, headed by date, GPU, driver and torch version."""
+    lines = [
+        f"device_check {report['date']}: GPU {report.get('gpu') or 'none'} "
+        f"(x{report.get('gpu_count', 0)}), driver {report.get('driver') or '-'}, "
+        f"torch {report.get('torch')} (CUDA {report.get('cuda') or '-'}, HIP {report.get('hip') or '-'})",
+        "",
+        "| row | status | summary | seconds |",
+        "|---|---|---|---|",
+    ]
+    for r in report["rows"]:
+        summary = str(r["summary"]).replace("|", "/").replace("\n", " ")
+        lines.append(f"| {r['row']} | {r['status']} | {summary} | {r['seconds']} |")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------
+# children (each runs in a fresh process; prints one RESULT_PREFIX line)
+
+
+def _child_main(row: str, out: Path, iters: int) -> int:
+    fn = CHILDREN.get(row)
+    if fn is None:
+        res = _row("error", f"unknown child row {row!r}")
+    else:
+        try:
+            res = fn(out, iters)
+        except Exception as exc:
+            res = _row("error", f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc()[-3000:])
+    print(RESULT_PREFIX + json.dumps(res, default=str), flush=True)
+    return 0
+
+
+def _side_stream_warmup(torch: Any, fn: Callable[[], Any]) -> None:
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+
+
+def child_replay_overhead(out: Path, iters: int) -> dict[str, Any]:
+    import gc
+
+    import torch
+
+    import accel_graph
+
+    dev = torch.device("cuda", 0)
+    x = torch.zeros(1, device=dev)
+    _side_stream_warmup(torch, lambda: x.add_(1))
+    raw = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(raw):
+        x.add_(1)
+    ours = accel_graph.Graph(device=dev)
+    with accel_graph.graph(ours):
+        x.add_(1)
+    torch.cuda.synchronize()
+    x.zero_()
+    raw.replay()
+    ours.replay()
+    torch.cuda.synchronize()
+    if x.item() != 2:
+        return _row("fail", f"replays do not run the kernel (x={x.item()}, expected 2)")
+    rr, orr = raw.replay, ours.replay
+    for _ in range(200):  # warm both paths
+        rr()
+        orr()
+    torch.cuda.synchronize()
+    x.zero_()
+    pc = time.perf_counter_ns
+    t_raw: list[int] = []
+    t_ours: list[int] = []
+    t_empty: list[int] = []
+    gc.disable()
+    try:
+        for i in range(iters):
+            if i % 256 == 0:
+                torch.cuda.synchronize()  # drain the launch queue, outside every timed region
+            if i & 1:
+                t0 = pc()
+                rr()
+                t1 = pc()
+                orr()
+                t2 = pc()
+                t_raw.append(t1 - t0)
+                t_ours.append(t2 - t1)
+            else:
+                t0 = pc()
+                orr()
+                t1 = pc()
+                rr()
+                t2 = pc()
+                t_ours.append(t1 - t0)
+                t_raw.append(t2 - t1)
+            t0 = pc()
+            t1 = pc()
+            t_empty.append(t1 - t0)
+    finally:
+        gc.enable()
+    torch.cuda.synchronize()
+    correct = x.item() == 2 * iters
+    med_raw = statistics.median(t_raw) / 1000
+    med_ours = statistics.median(t_ours) / 1000
+    ratio = med_ours / med_raw if med_raw else float("inf")
+    overhead = med_ours - med_raw
+
+    def q(xs: list[int], p: float) -> float:
+        return sorted(xs)[int(p * (len(xs) - 1))] / 1000
+
+    ok = correct and ratio <= RATIO_TARGET and overhead < OVERHEAD_TARGET_US
+    summary = (
+        f"median raw {med_raw:.2f} us, ours {med_ours:.2f} us: ratio {ratio:.3f} "
+        f"(target <= {RATIO_TARGET}), overhead {overhead:.2f} us (target < {OVERHEAD_TARGET_US})"
+        + ("" if correct else f"; WRONG RESULT x={x.item()} expected {2 * iters}")
+    )
+    return _row(
+        "pass" if ok else "fail", summary,
+        iters=iters, median_raw_us=med_raw, median_ours_us=med_ours, ratio=ratio,
+        overhead_us=overhead, p10_raw_us=q(t_raw, 0.1), p90_raw_us=q(t_raw, 0.9),
+        p10_ours_us=q(t_ours, 0.1), p90_ours_us=q(t_ours, 0.9),
+        timer_floor_us=statistics.median(t_empty) / 1000, result_correct=correct,
+        ratio_target=RATIO_TARGET, overhead_target_us=OVERHEAD_TARGET_US,
+    )  # fmt: skip
+
+
+def _plugin_or_pending(make: Callable[[], Any]) -> tuple[Any, dict[str, Any] | None]:
+    """Build the allocator; a core without the plug-in symbols makes the row ``pending``."""
+    from accel_graph import BackendUnavailable
+
+    try:
+        return make(), None
+    except BackendUnavailable as exc:
+        msg = str(exc)
+        if "does not export" in msg or "lacks the plug-in control functions" in msg:
+            return None, _row("pending", f"pending: allocator engine lacks the plug-in symbols ({msg[:300]})")
+        raise
+
+
+def child_plugin_mempool(out: Path, iters: int) -> dict[str, Any]:
+    import torch
+
+    import accel_graph
+    from accel_graph.allocator import plugin
+
+    alloc, pending = _plugin_or_pending(lambda: plugin.DeviceAllocator(devices=[0]))
+    if pending:
+        return pending
+    alloc.enable_history()
+    pool = alloc.mem_pool()
+    with torch.cuda.use_mem_pool(pool):
+        a = torch.randn(1 << 20, device="cuda")  # 4 MiB: one large segment from our engine
+        b = a * 2
+    torch.cuda.synchronize()
+    st = alloc.memory_stats(0)
+    served = st["segment.all.current"] >= 1
+    x = torch.randn(4096, device="cuda")
+    _side_stream_warmup(torch, lambda: x * 2 + 1)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, pool=pool.id):
+        y = x * 2 + 1
+    x.copy_(torch.randn_like(x))
+    g.replay()
+    torch.cuda.synchronize()
+    torch_ok = bool(torch.equal(y, x * 2 + 1))
+    ag = accel_graph.Graph(device="cuda:0", pool=pool)
+    _side_stream_warmup(torch, lambda: torch.sin(x))
+    with accel_graph.graph(ag):
+        z = torch.sin(x)
+    x.copy_(torch.randn_like(x))
+    ag.replay()
+    torch.cuda.synchronize()
+    ours_ok = bool(torch.equal(z, torch.sin(x)))
+    st2 = alloc.memory_stats(0)
+    snap = alloc.snapshot()
+    try:
+        torch_stats = {"reserved_bytes.all.current": torch.cuda.memory_stats()["reserved_bytes.all.current"]}
+    except Exception as exc:
+        torch_stats = {"error": f"{type(exc).__name__}: {exc}"}
+    ok = served and torch_ok and ours_ok and bool(torch.equal(b, a * 2))
+    summary = (
+        f"MemPool over our engine: {st2['segment.all.current']} segment(s), "
+        f"{st2['reserved_bytes.all.current'] >> 20} MiB reserved by us; capture+replay via "
+        f"torch.cuda.graph {'ok' if torch_ok else 'WRONG'}, via accel_graph.Graph "
+        f"{'ok' if ours_ok else 'WRONG'}; memory_bytes={ag.memory_bytes()}"
+    )
+    return _row(
+        "pass" if ok else "fail", summary,
+        stats_after_alloc={k: st[k] for k in ("segment.all.current", "reserved_bytes.all.current", "accel.device_mallocs")},
+        stats_after_capture={k: st2[k] for k in ("segment.all.current", "reserved_bytes.all.current", "accel.device_mallocs", "accel.pluggable_errors")},
+        our_trace_events=len(snap["device_traces"][0]), torch_stats=torch_stats,
+        accel_graph_memory_bytes=ag.memory_bytes(),
+    )  # fmt: skip
+
+
+def child_plugin_process_swap(out: Path, iters: int) -> dict[str, Any]:
+    import torch
+
+    import accel_graph
+    from accel_graph.allocator import plugin
+
+    if torch.cuda.is_initialized():
+        return _row("error", "CUDA was initialised before the swap (an import touched it)")
+    alloc, pending = _plugin_or_pending(lambda: plugin.install_process_allocator(devices=[0]))
+    if pending:
+        return pending
+    alloc.enable_history()
+    t = torch.randn(1 << 20, device="cuda")
+    u = t * 2
+    torch.cuda.synchronize()
+    ours = plugin.memory_stats(0)
+    allocated = ours["allocation.all.current"] >= 2 and bool(torch.equal(u, t * 2))
+    try:
+        torch.cuda.memory_stats()
+        torch_stats = "works"
+    except Exception as exc:
+        torch_stats = f"raises {type(exc).__name__}: {str(exc)[:200]}"
+    g = accel_graph.Graph(device="cuda:0")
+    try:
+        with accel_graph.graph(g):
+            t.add_(1)
+        refused = "NOT refused: capture went through under the swap"
+    except accel_graph.CaptureError as exc:
+        refused = "refused" if "C++-only" in str(exc) else f"refused with another message: {exc}"
+    events = len(alloc.snapshot()["device_traces"][0])
+    ok = allocated and refused == "refused" and events > 0
+    summary = (
+        f"whole-process swap: {ours['allocation.all.current']} live allocations in our engine, "
+        f"{events} trace events; torch.cuda.memory_stats {torch_stats.split(':')[0]}; "
+        f"capture {refused}"
+    )
+    return _row("pass" if ok else "fail", summary, our_stats={
+        k: ours[k] for k in ("allocation.all.current", "segment.all.current", "reserved_bytes.all.current")
+    }, torch_stats=torch_stats, capture=refused)  # fmt: skip
+
+
+def child_plugin_swap_after_init(out: Path, iters: int) -> dict[str, Any]:
+    import torch
+
+    from accel_graph import BackendUnavailable
+    from accel_graph.allocator import plugin
+
+    torch.zeros(1, device="cuda")  # initialises CUDA
+    try:
+        plugin.install_process_allocator(devices=[0])
+    except plugin.AllocatorStateError as exc:
+        return _row("pass", "swap after CUDA init refused with AllocatorStateError", message=str(exc)[:400])
+    except BackendUnavailable as exc:
+        return _row("pending", f"pending: {str(exc)[:300]}")
+    return _row("fail", "swap after CUDA init was NOT refused")
+
+
+def find_simulator() -> tuple[str, Callable[..., Any]] | None:
+    """The whole-trace replay function of ``accel_graph.allocator``, once it exists."""
+    for module_name, attr in SIMULATOR_CANDIDATES:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        fn = getattr(module, attr, None)
+        if callable(fn) and not isinstance(fn, type(importlib)):
+            return f"{module_name}.{attr}", fn
+    return None
+
+
+def _workload(torch: Any) -> list[Any]:
+    """A small deterministic allocation pattern: small and large blocks, frees, reuse, a matmul."""
+    keep = []
+    for i in range(64):
+        n = [256, 4096, 65536, 1 << 20, 3 << 20, 12 << 20][i % 6] // 4
+        t = torch.empty(n, device="cuda")
+        if i % 3 == 0:
+            keep.append(t)
+        del t
+    a = torch.randn(1024, 1024, device="cuda")
+    for _ in range(4):
+        a = a @ a.T / 1024
+    big = torch.empty(40 << 20, dtype=torch.uint8, device="cuda")
+    del big
+    keep.append(torch.empty(25 << 20, dtype=torch.uint8, device="cuda"))
+    torch.cuda.synchronize()
+    return keep  # alive until the snapshot is taken
+
+
+def child_simulator_trace(out: Path, iters: int) -> dict[str, Any]:
+    import pickle
+
+    import torch
+
+    torch.cuda.memory._record_memory_history(max_entries=1_000_000)
+    keep = _workload(torch)
+    snap = torch.cuda.memory._snapshot()
+    del keep
+    torch.cuda.memory._record_memory_history(enabled=None)
+    path = out / "torch_snapshot.pickle"
+    with open(path, "wb") as f:
+        pickle.dump(snap, f)
+    segs = [s for s in snap["segments"] if s.get("device", 0) == 0]
+    stats = torch.cuda.memory_stats(0)
+    real = {
+        "segments": len(segs),
+        "reserved_bytes": sum(int(s["total_size"]) for s in segs),
+        "memory_stats_segments": stats["segment.all.current"],
+        "memory_stats_reserved_bytes": stats["reserved_bytes.all.current"],
+        "trace_events": sum(len(t) for t in snap.get("device_traces", [])),
+    }
+    found = find_simulator()
+    if found is None:
+        return _row("pending", f"pending: simulator not built; torch snapshot saved to {path}",
+                    snapshot=str(path), real=real)  # fmt: skip
+    name, fn = found
+    from accel_graph.allocator.snapshot import load_trace
+
+    result = fn(load_trace(path))
+    sim = {k: _pick(result, k) for k in ("segments", "reserved_bytes")}
+    if isinstance(sim["segments"], list):
+        sim["segments"] = len(sim["segments"])
+    same = sim == {"segments": real["segments"], "reserved_bytes": real["reserved_bytes"]}
+    summary = (
+        f"{name}: segments {sim['segments']} vs real {real['segments']}, reserved "
+        f"{sim['reserved_bytes']} vs real {real['reserved_bytes']} bytes"
+    )
+    return _row("pass" if same else "fail", summary, simulator=name, simulated=sim, real=real,
+                snapshot=str(path))  # fmt: skip
+
+
+def _pick(result: Any, key: str) -> Any:
+    if isinstance(result, dict):
+        return result.get(key)
+    return getattr(result, key, None)
+
+
+CHILDREN: dict[str, Callable[[Path, int], dict[str, Any]]] = {
+    "replay_overhead": child_replay_overhead,
+    "plugin_mempool": child_plugin_mempool,
+    "plugin_process_swap": child_plugin_process_swap,
+    "plugin_swap_after_init": child_plugin_swap_after_init,
+    "simulator_trace": child_simulator_trace,
+}
+
+
+if __name__ == "__main__":
+    sys.exit(main())
