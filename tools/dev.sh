@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One entry point for a fresh machine: creates or reuses .venv, installs the project from its own
 # files (torch pinned to the 2.13.0 CPU build by constraints/ci.txt), then runs what was asked.
-#   tools/dev.sh main [args]   the main job (accel-graph bench until the demo lands)
+#   tools/dev.sh main [args]   the main job: accel-graph demo (the bundled decoder served from graphs)
 #   tools/dev.sh test [args]   the test suite (pytest)
 #   tools/dev.sh run CMD...    any command inside the venv
 set -euo pipefail
@@ -24,7 +24,7 @@ export PATH="$venv/bin:$PATH"
 cmd=${1:-}
 [ $# -gt 0 ] && shift
 case "$cmd" in
-  main) exec accel-graph bench "$@" ;;
+  main) exec accel-graph demo "$@" ;;
   test) exec python -m pytest -q "$@" ;;
   run)  exec "$@" ;;
   *) echo "usage: tools/dev.sh main|test|run CMD..." >&2; exit 2 ;;
