@@ -40,3 +40,19 @@ def test_rss_stays_flat_over_10000_capture_replay_reset_cycles():
     gc.collect()
     growth = proc.memory_info().rss - before
     assert growth < MARGIN_BYTES, f"RSS grew by {growth / 2**20:.1f} MiB over {CYCLES} cycles"
+
+
+def test_a_cycle_leaves_no_cyclic_garbage():
+    """Graphs, captures and programs go away by reference counting alone: memory returns at
+    once rather than whenever the cyclic collector happens to run."""
+    x = torch.randn(32, 32)
+    for _ in range(20):
+        _cycle(x)
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(50):
+            _cycle(x)
+        assert gc.collect() == 0
+    finally:
+        gc.enable()

@@ -115,6 +115,8 @@ class RecorderGraphImpl(GraphImpl):
                 cap.mode.__exit__(None, None, None)
             except Exception:  # the mode stack was disturbed by user code; nothing to undo
                 log.debug("dispatch mode stack was not as expected at capture end", exc_info=True)
+        if cap is not None:
+            cap.mode.capture = None  # break the capture <-> mode cycle: freed by refcount
         return cap
 
     def capture_end(self) -> None:

@@ -123,6 +123,19 @@ class _MetaResult:
     aliases: tuple[int | None, ...] = field(default_factory=tuple)  # per flat output
 
 
+def _key_of(x: Any) -> Any:
+    """Hashable metadata of an op argument (module level: a nested recursive function
+    would be a reference cycle per op)."""
+    if isinstance(x, torch.Tensor):
+        return ("T", tuple(x.shape), x.stride(), x.dtype, x.device.type, x.storage_offset())
+    if isinstance(x, (list, tuple)):
+        return tuple(_key_of(y) for y in x)
+    if isinstance(x, torch.Generator):
+        return "G"
+    # The type matters: x * 2 and x * 2.0 give different dtypes, yet 2 == 2.0.
+    return (type(x), x)
+
+
 class Capture:
     """The state of one capture: recorded steps, inputs and pool tensors."""
 
@@ -171,18 +184,8 @@ class Capture:
 
     # -- meta execution -----------------------------------------------------------------
     def _meta_key(self, func: OpOverload, args: tuple, kwargs: dict) -> Any:
-        def key_of(x: Any) -> Any:
-            if isinstance(x, torch.Tensor):
-                return ("T", tuple(x.shape), x.stride(), x.dtype, x.device.type, x.storage_offset())
-            if isinstance(x, (list, tuple)):
-                return tuple(key_of(y) for y in x)
-            if isinstance(x, torch.Generator):
-                return "G"
-            # The type matters: x * 2 and x * 2.0 give different dtypes, yet 2 == 2.0.
-            return (type(x), x)
-
         try:
-            k = (func, key_of(args), tuple(sorted((n, key_of(v)) for n, v in kwargs.items())))
+            k = (func, _key_of(args), tuple(sorted((n, _key_of(v)) for n, v in kwargs.items())))
             hash(k)
             return k
         except TypeError:

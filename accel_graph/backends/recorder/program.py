@@ -118,7 +118,9 @@ def build_replay(steps: list[Step], inputs: list[InputRecord]) -> Callable[[], N
             _CODE_CACHE.clear()
         code = _CODE_CACHE[src] = compile(src, "<accel_graph recorder replay>", "exec")
     exec(code, em.ns)  # the namespace holds only objects bound above; no user text is compiled
-    fn = em.ns["replay"]
+    # pop: the function's globals are ns, so leaving it there would make a reference cycle
+    # that only the cyclic GC frees (graphs must go away by reference counting alone).
+    fn = em.ns.pop("replay")
     fn.__accel_graph_source__ = src
     return fn
 
