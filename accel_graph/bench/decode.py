@@ -34,7 +34,7 @@ __all__ = ["SCHEMA_VERSION", "VARIANTS", "DecodeBenchSettings", "run_decode_benc
 
 #: Version of the report layout; bump it when a key changes meaning or disappears.
 SCHEMA_VERSION = 1
-VARIANTS = ("eager", "replay", "compile")
+VARIANTS = ("eager", "replay", "replay_compiled", "compile")
 
 #: Errors that mean "this variant cannot run here" (no backend yet, not built, not supported).
 #: Anything else, a CaptureError included, is reported as "failed" with its message.
@@ -104,20 +104,34 @@ def _graph_memory(g: Any) -> int | None:
 
 
 def _capture(
-    model: Decoder, tokens: torch.Tensor, positions: torch.Tensor
+    model: Decoder, tokens: torch.Tensor, positions: torch.Tensor, compile: str | None = None
 ) -> tuple[Any, torch.Tensor, float]:
-    """One capture of the decode step into a fresh CPU graph: ``(graph, output, seconds)``."""
+    """One capture of the decode step into a fresh CPU graph: ``(graph, output, seconds)``.
+
+    With ``compile="inductor"`` the seconds include the compilation at instantiation."""
     import accel_graph
 
-    g = accel_graph.Graph(device="cpu")
+    g = accel_graph.Graph(device="cpu", compile=compile)
     t0 = perf_counter()
     with accel_graph.graph(g):
         out = model.decode_step(tokens, positions)
     return g, out, perf_counter() - t0
 
 
+def _graph_bytes(g: Any, what: str) -> int | None:
+    try:
+        value = getattr(g, what)()
+    except Exception:  # optional introspection: absent on some backends
+        return None
+    return value if isinstance(value, int) else None
+
+
 def _setup_replay(
-    model: Decoder, tokens: torch.Tensor, positions: torch.Tensor, ref: torch.Tensor
+    model: Decoder,
+    tokens: torch.Tensor,
+    positions: torch.Tensor,
+    ref: torch.Tensor,
+    compile: str | None = None,
 ) -> tuple[Callable[[], object] | None, dict[str, Any]]:
     """Capture the decode step on the CPU recorder. Returns ``(g.replay, info)`` or
     ``(None, info)`` with the status and reason when capture is not possible here.
@@ -133,16 +147,19 @@ def _setup_replay(
         "first_capture_ms": None,
         "ops_per_graph": None,
         "graph_memory_bytes": None,
+        "standalone_bytes": None,
+        "pool_reserved_bytes": None,
+        "compiled": None,
         "bitwise_equal_to_eager": None,
         "max_abs_diff_vs_eager": None,
     }
     try:
         with torch.inference_mode():
             model.decode_step(tokens, positions)  # eager warm-up, as before a CUDA capture
-            first, first_out, first_s = _capture(model, tokens, positions)
+            first, first_out, first_s = _capture(model, tokens, positions, compile)
             first.reset()
             del first, first_out
-            g, out, capture_s = _capture(model, tokens, positions)
+            g, out, capture_s = _capture(model, tokens, positions, compile)
             g.replay()
     except _UNAVAILABLE as exc:
         info.update(status="unavailable", reason=_reason(exc))
@@ -155,11 +172,22 @@ def _setup_replay(
         first_capture_ms=first_s * 1e3,
         ops_per_graph=_ops_per_graph(g),
         graph_memory_bytes=_graph_memory(g),
+        standalone_bytes=_graph_bytes(g, "standalone_bytes"),
+        pool_reserved_bytes=_pool_reserved(g),
+        compiled=getattr(getattr(g, "_impl", None), "_compiled", None),
         bitwise_equal_to_eager=bool(torch.equal(out, ref)),
         max_abs_diff_vs_eager=_max_abs_diff(out, ref),
     )
     info["_graph"], info["_out"] = g, out  # kept alive for timing; stripped from the report
     return g.replay, info
+
+
+def _pool_reserved(g: Any) -> int | None:
+    try:
+        stats = g.backend.pool_stats(g.pool())
+    except Exception:  # optional introspection
+        return None
+    return None if stats is None else stats.reserved_bytes
 
 
 def _inductor_cache_counters() -> dict[str, int]:
@@ -212,6 +240,7 @@ def _row(variant: str, batch: int, status: str, reason: str | None) -> dict[str,
         "p90_us": None,
         "samples": 0,
         "ratio_vs_eager": None,
+        "ratio_vs_torch_compile": None,
         "allocs_per_call": None,
         "max_abs_diff_vs_eager": None,
     }
@@ -272,7 +301,18 @@ def _run(s: DecodeBenchSettings) -> dict[str, Any]:
         rows[("replay", b)]["max_abs_diff_vs_eager"] = cap["max_abs_diff_vs_eager"]
         if fn is not None:
             fns[f"replay@{b}"] = fn
-        captures.append({"batch": b, **cap})
+        captures.append({"batch": b, "compile": None, **cap})
+
+        if s.compile:
+            fn, ccap = _setup_replay(model, tokens, positions, ref, compile="inductor")
+        else:
+            fn, ccap = None, {"status": "skipped", "reason": "--no-compile",
+                              "max_abs_diff_vs_eager": None}
+        rows[("replay_compiled", b)] = _row("replay_compiled", b, ccap["status"], ccap["reason"])
+        rows[("replay_compiled", b)]["max_abs_diff_vs_eager"] = ccap["max_abs_diff_vs_eager"]
+        if fn is not None:
+            fns[f"replay_compiled@{b}"] = fn
+            captures.append({"batch": b, "compile": "inductor", **ccap})
 
         if s.compile:
             fn, comp = _setup_compile(model, tokens, positions, ref)
@@ -301,20 +341,28 @@ def _run(s: DecodeBenchSettings) -> dict[str, Any]:
         )
         allocs = {key: count_allocations(fn, s.alloc_calls) for key, fn in fns.items()}
         # Replay must still agree with eager after thousands of interleaved calls on one cache.
-        for cap, ref in zip(captures, refs, strict=True):
+        by_batch = dict(zip(s.batches, refs, strict=True))
+        for cap in captures:
             if cap["status"] == "ok":
+                ref = by_batch[cap["batch"]]
                 cap["_graph"].replay()
                 cap["bitwise_equal_to_eager"] &= bool(torch.equal(cap["_out"], ref))
+                cap["max_abs_diff_vs_eager"] = max(
+                    cap["max_abs_diff_vs_eager"] or 0.0, _max_abs_diff(cap["_out"], ref)
+                )
 
     for key, values in samples.items():
         variant, b = key.split("@")
         row = rows[(variant, int(b))]
         row.update(summarize_ns(values))
         row["allocs_per_call"] = allocs[key]
-    for (_variant, b), row in rows.items():
+    for (variant, b), row in rows.items():
         eager = rows[("eager", b)]["median_us"]
         if row["median_us"] is not None and eager:
             row["ratio_vs_eager"] = row["median_us"] / eager
+        compiled = rows[("compile", b)]["median_us"]
+        if variant == "replay_compiled" and row["median_us"] is not None and compiled:
+            row["ratio_vs_torch_compile"] = row["median_us"] / compiled
     for cap in captures:
         eager = rows[("eager", cap["batch"])]["median_us"]
         cap["capture_vs_eager_call"] = (

@@ -125,29 +125,35 @@ def format_report(report: dict[str, Any]) -> str:
         f"{st['iters']} timed calls per row, interleaved in {st['rounds']} rounds | "
         f"load avg {_load(report.get('load_avg'))}",
         "",
-        f"{'variant':<8} {'batch':>5} {'median us':>10} {'p10 us':>9} {'p90 us':>9} "
-        f"{'x eager':>8} {'allocs/call':>11}  note",
+        f"{'variant':<15} {'batch':>5} {'median us':>10} {'p10 us':>9} {'p90 us':>9} "
+        f"{'x eager':>8} {'x compile':>9} {'allocs/call':>11}  note",
     ]
     for row in report["rows"]:
         note = "" if row["status"] == "ok" else f"{row['status']}: {row['reason']}"
         lines.append(
-            f"{row['variant']:<8} {row['batch']:>5} {_num(row['median_us'], '.1f'):>10} "
+            f"{row['variant']:<15} {row['batch']:>5} {_num(row['median_us'], '.1f'):>10} "
             f"{_num(row['p10_us'], '.1f'):>9} {_num(row['p90_us'], '.1f'):>9} "
-            f"{_num(row['ratio_vs_eager'], '.3f'):>8} {_num(row['allocs_per_call'], '.1f'):>11}  {note}"
+            f"{_num(row['ratio_vs_eager'], '.3f'):>8} "
+            f"{_num(row.get('ratio_vs_torch_compile'), '.3f'):>9} "
+            f"{_num(row['allocs_per_call'], '.1f'):>11}  {note}"
         )
     lines.append("")
     for cap in report["capture"]["batches"]:
         if cap["status"] != "ok":
             lines.append(f"capture  batch {cap['batch']}: {cap['status']}: {cap['reason']}")
             continue
-        mem = cap["graph_memory_bytes"]
+        mem, alone, pool = cap["graph_memory_bytes"], cap.get("standalone_bytes"), cap.get("pool_reserved_bytes")
+        kib = lambda v: "-" if v is None else f"{v / 1024:.0f} KiB"  # noqa: E731
+        kind = "capture+compile" if cap.get("compile") else "capture"
         lines.append(
-            f"capture  batch {cap['batch']}: {cap['capture_ms']:.2f} ms "
+            f"{kind:<15} batch {cap['batch']}: {cap['capture_ms']:.2f} ms "
             f"({_num(cap['capture_vs_eager_call'], '.1f')}x one eager call; first capture "
             f"{_num(cap['first_capture_ms'], '.1f')} ms), "
-            f"{_num(cap['ops_per_graph'], 'd')} ops, "
-            f"{'-' if mem is None else f'{mem / 1024:.1f} KiB'} pool, "
-            f"bitwise equal to eager: {cap['bitwise_equal_to_eager']}"
+            f"{_num(cap['ops_per_graph'], 'd')} ops, graph {kib(mem)} incremental / "
+            f"{kib(alone)} standalone, pool {kib(pool)}, "
+            + (f"bitwise equal to eager: {cap['bitwise_equal_to_eager']}" if not cap.get("compile")
+               else f"max |replay - eager| {_num(cap['max_abs_diff_vs_eager'], '.2e')}"
+                    " (Inductor intermediates allocated per call outside the pool)")
         )
     for comp in report["compile"]["batches"]:
         if comp["status"] != "ok":

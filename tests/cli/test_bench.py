@@ -36,6 +36,7 @@ ROW_KEYS = {
     "p90_us",
     "samples",
     "ratio_vs_eager",
+    "ratio_vs_torch_compile",
     "allocs_per_call",
     "max_abs_diff_vs_eager",
 }
@@ -78,7 +79,8 @@ def test_bench_report_schema(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert report["settings"]["batches"] == [1, 8] and report["settings"]["compile"] is False
 
     rows = {(r["variant"], r["batch"]): r for r in report["rows"]}
-    assert set(rows) == {(v, b) for v in ("eager", "replay", "compile") for b in (1, 8)}
+    variants = ("eager", "replay", "replay_compiled", "compile")
+    assert set(rows) == {(v, b) for v in variants for b in (1, 8)}
     for row in report["rows"]:
         assert set(row) == ROW_KEYS
         if row["status"] == "ok":
@@ -92,6 +94,7 @@ def test_bench_report_schema(tmp_path: Path, capsys: pytest.CaptureFixture[str])
         assert rows[("eager", b)]["status"] == "ok"
         assert rows[("eager", b)]["ratio_vs_eager"] == 1.0
         assert rows[("compile", b)]["status"] == "skipped"
+        assert rows[("replay_compiled", b)]["status"] == "skipped"
 
     for cap in report["capture"]["batches"]:
         row = rows[("replay", cap["batch"])]
@@ -100,6 +103,9 @@ def test_bench_report_schema(tmp_path: Path, capsys: pytest.CaptureFixture[str])
             assert _positive(cap["capture_ms"]) and _positive(cap["capture_vs_eager_call"])
             assert cap["bitwise_equal_to_eager"] is True
             assert cap["ops_per_graph"] is None or cap["ops_per_graph"] > 0
+            # The recorder's memory columns: what the graph added, alone, and the pool total.
+            assert cap["graph_memory_bytes"] > 0 and cap["standalone_bytes"] > 0
+            assert cap["pool_reserved_bytes"] >= cap["graph_memory_bytes"]
     for comp in report["compile"]["batches"]:
         assert comp["status"] == "skipped" and comp["compile_s"] is None
 
