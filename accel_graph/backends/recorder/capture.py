@@ -413,11 +413,39 @@ class Capture:
                 strategy = opinfo.Strategy("compute", why="copy op without a tensor source")
         elif strategy.kind == "out" and len(strategy.out_names) != 1 and len(strategy.out_names) != len(tensor_outs):
             strategy = opinfo.Strategy("compute", why=f"{strategy.op} out arguments do not match outputs")
+        elif strategy.kind == "out":
+            # Interpreted replay's arguments (numbers pre-wrapped); the compiled program keeps
+            # the Python numbers, which Inductor folds into its kernels.
+            wrapped = _prewrap_numbers(strategy.op, args)
+            extra = wrapped if wrapped is not args else None
         positions = tuple(i for i, o in enumerate(outs) if isinstance(o, torch.Tensor))
         self.steps.append(Step(func, strategy.kind, self.freeze(args), self.freeze(dict(kwargs)),
                                self.freeze(tensor_outs), strategy, self.freeze(extra), positions))
         it = iter(outs)
         return tree_map(lambda _: next(it), structure)
+
+
+def _prewrap_numbers(op: OpOverload, args: tuple) -> tuple:
+    """Python numbers passed where ``op`` takes a Tensor, as 0-dim tensors made once.
+
+    Eager wraps such a number in a fresh float64/int64 tensor on every call and the kernel
+    casts it to the computation dtype (two allocations a call on the CPU). A 0-dim tensor
+    already of that dtype (``torch.result_type`` of the tensor operand and the number) gives
+    the same value and the same type promotion, and replay allocates nothing for it.
+    """
+    params = opinfo.tensor_params(op)
+    first = next((a for a in args if isinstance(a, torch.Tensor)), None)
+    if first is None or not params or not any(
+        i < len(args) and isinstance(args[i], (int, float)) and not isinstance(args[i], bool)
+        for i, _ in params
+    ):
+        return args
+    out = list(args)
+    for i, _name in params:
+        if i < len(out) and isinstance(out[i], (int, float)) and not isinstance(out[i], bool):
+            dtype = torch.result_type(first, out[i])
+            out[i] = torch.tensor(out[i], dtype=dtype)  # CPU 0-dim: a "cpu scalar" to kernels
+    return tuple(out)
 
 
 def _input_layout(func: OpOverload, args: tuple) -> tuple[torch.memory_format, int] | None:

@@ -138,7 +138,8 @@ def _emit_step(em: _Emitter, step: Step) -> None:
             kwargs[names[0]] = step.outputs[0] if len(step.outputs) == 1 else list(step.outputs)
         else:
             kwargs.update(zip(names, step.outputs))
-        em.call(strategy.op._op, step.args, kwargs)
+        args = step.extra if step.extra is not None else step.args  # numbers pre-wrapped
+        em.call(strategy.op._op, args, kwargs)
     elif kind == "fill":
         for out in step.outputs:
             if isinstance(step.extra, (int, float)) and not isinstance(step.extra, bool) and step.extra == 0:
