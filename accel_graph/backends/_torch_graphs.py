@@ -25,7 +25,16 @@ import torch
 
 from ..errors import AccelGraphError, BackendUnavailable, CaptureError, ConfigError
 from ._torch_pools import TorchPools
-from .base import Backend, DeviceSpec, GraphImpl, PoolHandle
+from .base import CAPTURE_ERROR_MODES, Backend, Capabilities, DeviceSpec, GraphImpl, PoolHandle
+
+#: What torch.cuda.CUDAGraph gives the cuda and hip backends (HIP reuses the CUDA API).
+CUDA_GRAPH_CAPABILITIES = Capabilities(
+    native_graphs=True,
+    capture_error_modes=CAPTURE_ERROR_MODES,
+    standalone_bytes=False,
+    compile=False,
+    foreign_pool_handles=True,
+)
 
 
 def begin_params(graph: Any) -> frozenset[str]:

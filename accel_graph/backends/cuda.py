@@ -19,8 +19,8 @@ from typing import ClassVar
 import torch
 
 from ..errors import BackendUnavailable
-from ._torch_graphs import TorchGraphBackend
-from .base import CAPTURE_ERROR_MODES, Capabilities, DeviceSpec
+from ._torch_graphs import CUDA_GRAPH_CAPABILITIES, TorchGraphBackend
+from .base import Capabilities, DeviceSpec
 from .nvidia_arch import PTX_JIT, UNSUPPORTED, ArchVerdict, arch_verdict
 
 __all__ = ["CudaBackend"]
@@ -56,13 +56,7 @@ class CudaBackend(TorchGraphBackend):
         return None
 
     def capabilities(self) -> Capabilities:
-        return Capabilities(
-            native_graphs=True,
-            capture_error_modes=CAPTURE_ERROR_MODES,
-            standalone_bytes=False,
-            compile=False,
-            foreign_pool_handles=True,
-        )
+        return CUDA_GRAPH_CAPABILITIES
 
     def device_arch(self, index: int) -> str | None:
         major, minor = self.module.get_device_capability(index)

@@ -19,8 +19,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from ._torch_graphs import TorchGraphBackend
-from .base import CAPTURE_ERROR_MODES, Capabilities, DeviceSpec
+from ._torch_graphs import CUDA_GRAPH_CAPABILITIES, TorchGraphBackend
+from .base import Capabilities, DeviceSpec
 from .rocm import HipQuirk, parse_gfx_arch, parse_hip_version, quirks_for
 
 __all__ = ["HipBackend"]
@@ -54,13 +54,7 @@ class HipBackend(TorchGraphBackend):
         return None
 
     def capabilities(self) -> Capabilities:
-        return Capabilities(
-            native_graphs=True,
-            capture_error_modes=CAPTURE_ERROR_MODES,
-            standalone_bytes=False,
-            compile=False,
-            foreign_pool_handles=True,
-        )
+        return CUDA_GRAPH_CAPABILITIES
 
     @staticmethod
     def rocm_version() -> tuple[int, int, int] | None:

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from torch_stat_names import TORCH_STAT_NAMES
 
 KINDS = ("all", "small_pool", "large_pool")
 
@@ -23,17 +24,7 @@ def _recount(engine: Any, layout: list[dict[str, Any]]) -> dict[str, int]:
             key = f"{name}.{k}.current"
             want[key] = want.get(key, 0) + amount
 
-    for name in (
-        "allocation",
-        "segment",
-        "active",
-        "inactive_split",
-        "allocated_bytes",
-        "reserved_bytes",
-        "active_bytes",
-        "inactive_split_bytes",
-        "requested_bytes",
-    ):
+    for name in TORCH_STAT_NAMES:
         for k in KINDS:
             want[f"{name}.{k}.current"] = 0
     max_split = engine.settings.max_split_size

@@ -10,6 +10,7 @@ import time
 
 import numpy as np
 import pytest
+from torch_stat_names import TORCH_STAT_NAMES
 
 from accel_graph.allocator.engine import (
     EVENT_DTYPE,
@@ -201,17 +202,7 @@ def test_oom_hint_is_dropped_with_expandable_segments():
 
 def test_memory_stats_has_torchs_keys():
     stats = Engine().memory_stats()
-    for name in (
-        "allocation",
-        "segment",
-        "active",
-        "inactive_split",
-        "allocated_bytes",
-        "reserved_bytes",
-        "active_bytes",
-        "inactive_split_bytes",
-        "requested_bytes",
-    ):
+    for name in TORCH_STAT_NAMES:
         for pool in ("all", "small_pool", "large_pool"):
             for f in ("current", "peak", "allocated", "freed"):
                 assert f"{name}.{pool}.{f}" in stats
