@@ -154,6 +154,9 @@ class Capture:
         self.events: list[tuple[str, int, int]] = []
         self.refs: dict[int, PoolRef] = {}  # allocation key -> location, for the outputs
         self.reserved_before = pool.reserved_bytes()
+        self._last_args: Any = None
+        self._last_kwargs: Any = None
+        self._last_tensors: list[torch.Tensor] = []
         self.mode = _RecordingMode(self)
 
     def freeze(self, x: Any) -> Any:
@@ -245,6 +248,15 @@ class Capture:
 
     # -- the handler --------------------------------------------------------------------
     def handle(self, func: OpOverload, args: tuple, kwargs: dict) -> Any:
+        try:
+            return self._handle(func, args, kwargs)
+        finally:
+            # Drop the per-op memo: holding this op's arguments would keep tensors that die
+            # right after it alive into the next op, and their memory from being reused.
+            self._last_args = self._last_kwargs = None
+            self._last_tensors = []
+
+    def _handle(self, func: OpOverload, args: tuple, kwargs: dict) -> Any:
         self.op_count += 1
         reason = opinfo.illegal_reason(func, args, kwargs)
         if reason is not None:
@@ -290,7 +302,12 @@ class Capture:
         return out
 
     def _tensor_args(self, args: tuple, kwargs: dict) -> list[torch.Tensor]:
-        return [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
+        # One op asks several times (inputs, device, views): flatten its arguments once.
+        if args is self._last_args and kwargs is self._last_kwargs:
+            return self._last_tensors
+        tensors = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
+        self._last_args, self._last_kwargs, self._last_tensors = args, kwargs, tensors
+        return tensors
 
     def _note_inputs(self, args: tuple, kwargs: dict) -> None:
         for t in self._tensor_args(args, kwargs):
@@ -374,7 +391,7 @@ class Capture:
         if dev is not None:
             return torch.device(dev)
         fallback = None
-        for t in self._tensor_args(args, ()):
+        for t in self._tensor_args(args, kwargs):
             if t.device.type != "cpu" or t.dim() > 0:
                 return t.device
             fallback = fallback or t.device

@@ -14,6 +14,7 @@ object is collected, which cannot happen while any block or graph still refers t
 
 from __future__ import annotations
 
+import bisect
 import weakref
 from typing import Any
 
@@ -35,6 +36,8 @@ class EnginePool(RecorderPool):
         super().__init__(device, limit)
         self.engine = Engine(policy="native", upstream="host", settings=EngineSettings(cap=limit))
         self._ffi = self.engine._ffi
+        self._segment_index: list[tuple[int, int]] = []
+        self._segment_bases: dict[tuple[int, torch.dtype], torch.Tensor] = {}
         weakref.finalize(self, self.engine.close)
 
     def _buffer(self, addr: int, nbytes: int) -> np.ndarray:
@@ -75,16 +78,37 @@ class EnginePool(RecorderPool):
     def materialize(self, ref: PoolRef) -> torch.Tensor:
         if ref.segment != _HOST_SEGMENT:
             return super().materialize(ref)
+        # One typed tensor per engine segment, then a view of it: a program has many
+        # locations in few segments, and views are far cheaper than new storages.
+        seg = self._segment_of(ref.byte_offset)
         itemsize = ref.dtype.itemsize
-        nbytes = max(_storage_bytes(ref.shape, ref.stride, itemsize), itemsize)
-        base = torch.from_numpy(self._buffer(ref.byte_offset, nbytes)).view(ref.dtype)
-        return torch.as_strided(base, ref.shape, ref.stride, 0)
+        if seg is None or (ref.byte_offset - seg[0]) % itemsize:
+            nbytes = max(_storage_bytes(ref.shape, ref.stride, itemsize), itemsize)
+            base = torch.from_numpy(self._buffer(ref.byte_offset, nbytes)).view(ref.dtype)
+            return torch.as_strided(base, ref.shape, ref.stride, 0)
+        key = (seg[0], ref.dtype)
+        base = self._segment_bases.get(key)
+        if base is None:
+            raw = torch.from_numpy(self._buffer(seg[0], seg[1] - seg[1] % itemsize))
+            base = self._segment_bases[key] = raw.view(ref.dtype)
+        return torch.as_strided(base, ref.shape, ref.stride, (ref.byte_offset - seg[0]) // itemsize)
+
+    def _segment_of(self, addr: int) -> tuple[int, int] | None:
+        """(address, size) of the engine segment holding ``addr``, from a cached index."""
+        for _ in range(2):
+            i = bisect.bisect_right(self._segment_index, (addr, float("inf"))) - 1
+            if i >= 0 and addr < self._segment_index[i][0] + self._segment_index[i][1]:
+                return self._segment_index[i]
+            self._segment_index = sorted((seg["address"], seg["size"]) for seg in self.engine.layout())
+        return None
 
     def _release_unused(self) -> None:
         # Programs keep raw locations, possibly in blocks that are free in the engine: release
         # segments only when no graph can still write into them.
         if not self.graphs:
             self.engine.empty_cache()
+            self._segment_index = []
+            self._segment_bases.clear()  # our views only: live tensors keep their memory
 
     def reserved_bytes(self) -> int:
         return self.engine.memory_stats()["reserved_bytes.all.current"]

@@ -1,0 +1,308 @@
+"""Allocator profiles: where PyTorch's caching allocator differs by version and by device, as data.
+
+A :class:`Profile` names one behaviour set: which torch versions and which device it covers, the
+engine policy that simulates it (``"native"`` or ``"xpu"``), how requests are rounded (a rounding
+rule id, applied in Python by :func:`round_request`), which ``PYTORCH_*_ALLOC_CONF`` keys that
+build honours, and behaviour flags. Where the C engine would need a flag it does not expose, the
+profile's ``notes`` say so: the engine implements torch 2.13 CUDA (and the XPU policy) only.
+
+Sources: shared/reference/allocator-semantics.md sections 3.1 (NPU rounding), 4.2-4.4 (version
+sensitivity, pytorch#193400, #161139, PR #160666) and torch-internals.md section 4 (constants,
+rounding, expandable segments, XPU policy, 2.13 keys). See docs/trace-generator.md "Profiles".
+
+The NPU rounding rule was checked on the Ascend snapshots in ``shared/traces/npu/`` (every split
+live block has ``size == ceil((requested + 32) / 512) * 512``; unsplit large-pool blocks are
+bigger by the un-split remainder); tests/allocator/test_profiles.py re-checks it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = [
+    "PROFILES",
+    "ROUNDING_RULES",
+    "Profile",
+    "get_profile",
+    "profile_for",
+    "round_request",
+]
+
+MIB = 1 << 20
+KMIN = 512
+
+#: Rounding rule ids: ``cuda`` (512-byte multiples, minimum 512, plus roundup_power2_divisions),
+#: ``npu`` (request + 32 bytes, then 512-byte multiples), ``xpu`` (512-byte multiples only).
+ROUNDING_RULES = ("cuda", "npu", "xpu")
+
+_CORE_KEYS = frozenset({
+    "max_split_size_mb",
+    "max_non_split_rounding_mb",
+    "garbage_collection_threshold",
+    "roundup_power2_divisions",
+    "expandable_segments",
+})
+_CUDA_KEYS = _CORE_KEYS | {
+    "backend",
+    "release_lock_on_cudamalloc",
+    "pinned_use_cuda_host_register",
+    "pinned_num_register_threads",
+    "pinned_use_background_threads",
+}
+_CUDA_213_KEYS = _CUDA_KEYS | {
+    "large_segment_size_mb",
+    "pinned_max_round_threshold_mb",
+    "pinned_max_cached_size_mb",
+    "pinned_reserve_segment_size_mb",
+    "graph_capture_record_stream_reuse",
+    "per_process_memory_fraction",
+    "pinned_free_catch_all",
+    "throw_on_cudamalloc_oom",
+}
+
+
+@dataclass(frozen=True)
+class Profile:
+    """One allocator behaviour set. Versions are ``(major, minor)`` pairs, inclusive bounds."""
+
+    name: str
+    #: inclusive (low, high) torch version range, e.g. ((2, 12), (2, 99)).
+    torch_versions: tuple[tuple[int, int], tuple[int, int]]
+    device: str  # cuda | rocm | npu | xpu
+    policy: str  # engine policy: native | xpu
+    rounding: str = "cuda"  # one of ROUNDING_RULES
+    #: config keys this build honours (others are rejected or ignored by that build).
+    settings_keys: frozenset[str] = _CUDA_213_KEYS
+    #: kLargeBuffer / large_segment_size default, bytes; configurable only when
+    #: "large_segment_size_mb" is in settings_keys (2.13+).
+    large_segment_size: int = 20 * MIB
+    #: Expandable segments available on this build.
+    expandable_segments: bool = True
+    #: get_free_block still applies the max_split oversize rule to blocks inside expandable
+    #: segments (pytorch#193400): with max_split_size_mb + ES, reserved grows without bound.
+    max_split_blocks_expandable_reuse: bool = True
+    #: ``roundup_power2_divisions:[...,>:d]`` fills from last_index+1 (True) or last_index (False).
+    roundup_gt_fills_after_last: bool = True
+    #: roundup_power2_divisions applied at all (PR #160666's backed-out refactor did not).
+    roundup_applied: bool = True
+    #: ``throw_on_cudamalloc_oom`` exists (2.13+).
+    throw_on_cudamalloc_oom: bool = True
+    #: expandable-segment page size of the large pool (bytes); small pool pages are 2 MiB.
+    es_page_size: int = 20 * MIB
+    notes: str = ""
+    references: tuple[str, ...] = field(default=())
+
+    def covers(self, version: tuple[int, int]) -> bool:
+        lo, hi = self.torch_versions
+        return lo <= version <= hi
+
+
+def _round_cuda(size: int, divisions: int = 0) -> int:
+    if size < KMIN:
+        return KMIN
+    if divisions > 1 and size > KMIN * divisions:
+        if size & (size - 1) == 0:
+            return size
+        p = 1 << (size.bit_length() - 1)
+        step = p >> (divisions.bit_length() - 1)
+        if step == 0:
+            return 2 * p
+        floor = size & ~(step - 1)
+        return size if floor == size else floor + step
+    return -(-size // KMIN) * KMIN
+
+
+def round_request(size: int, profile: Profile | str, divisions: int = 0) -> int:
+    """The block size ``profile``'s allocator gives a request of ``size`` bytes (before any
+    unsplit remainder). ``divisions`` is the roundup_power2_divisions value for the size's
+    interval (CUDA/ROCm only; ignored where the profile does not apply it).
+
+    NPU: ``ceil((size + 32) / 512) * 512`` -- a 16 KiB request becomes 16.5 KiB and a 1 MiB
+    request becomes 1 MiB + 512, which therefore goes to the large pool. A replay can pre-round
+    requested sizes with this and then run the engine's CUDA rounding (a no-op on 512 multiples).
+    """
+    p = get_profile(profile) if isinstance(profile, str) else profile
+    if size <= 0:
+        raise ValueError(f"size must be > 0, got {size}")
+    if p.rounding == "npu":
+        return -(-(size + 32) // KMIN) * KMIN
+    if p.rounding == "xpu" or not p.roundup_applied:
+        return max(KMIN, -(-size // KMIN) * KMIN)
+    return _round_cuda(size, divisions)
+
+
+_ES_NOTE = (
+    "max_split_size_mb + expandable_segments: get_free_block applies the oversize rule to "
+    "expandable blocks, so cached expandable memory is not reused and reserved grows (pytorch#193400; "
+    "782 MiB on 2.9.1 vs 16,000 MiB on 2.12-2.14 on the same reproducer). "
+)
+_ENGINE_213 = "The C engine implements this behaviour (torch 2.13 CUDA). "
+_ENGINE_FLAG = (
+    "The C engine has no flag for {what}; it always simulates the 2.13 behaviour, so replays "
+    "under this profile differ there. "
+)
+
+PROFILES: dict[str, Profile] = {}
+
+
+def _add(p: Profile) -> None:
+    if p.rounding not in ROUNDING_RULES:
+        raise ValueError(f"unknown rounding rule {p.rounding!r}")
+    PROFILES[p.name] = p
+
+
+_add(Profile(
+    name="cuda-2.9",
+    torch_versions=((2, 0), (2, 11)),
+    device="cuda",
+    policy="native",
+    settings_keys=_CUDA_KEYS,
+    max_split_blocks_expandable_reuse=False,
+    roundup_gt_fills_after_last=False,
+    throw_on_cudamalloc_oom=False,
+    notes=(
+        "Before 2.12: max_split_size with expandable segments does not block reuse of expandable "
+        "blocks (782 MiB peak on the pytorch#193400 reproducer). kLargeBuffer is a fixed 20 MiB "
+        "(no large_segment_size_mb). An older revision filled the roundup '>' entry from "
+        "last_index instead of last_index+1 (torch-internals.md section 4); the exact release is "
+        "not pinned down. No throw_on_cudamalloc_oom / pinned_free_catch_all (2.13+). "
+        "2.9 -> 2.10 increased start-up fragmentation under vLLM (vllm#41158); not modelled. "
+        + _ENGINE_FLAG.format(
+            what="max_split_blocks_expandable_reuse=False or the old '>' fill; "
+            "the oversize rule on expandable blocks is always applied"
+        )
+    ),
+    references=("pytorch/pytorch#193400", "vllm-project/vllm#41158",
+                "allocator-semantics.md 4.3", "torch-internals.md 4"),
+))
+_add(Profile(
+    name="cuda-2.12",
+    torch_versions=((2, 12), (2, 12)),
+    device="cuda",
+    policy="native",
+    settings_keys=_CUDA_KEYS,
+    throw_on_cudamalloc_oom=False,
+    notes=(
+        _ES_NOTE + "kLargeBuffer fixed at 20 MiB (large_segment_size_mb arrives in 2.13); "
+        "no throw_on_cudamalloc_oom. The engine's default large_segment_size (20 MiB) matches."
+    ),
+    references=("pytorch/pytorch#193400", "allocator-semantics.md 4.3"),
+))
+_add(Profile(
+    name="cuda-2.13",
+    torch_versions=((2, 13), (2, 99)),
+    device="cuda",
+    policy="native",
+    notes=(
+        _ES_NOTE + "large_segment_size_mb replaces kLargeBuffer (default 20 MiB, must be > 10); "
+        "throw_on_cudamalloc_oom and pinned_free_catch_all added. " + _ENGINE_213
+    ),
+    references=("pytorch/pytorch#193400", "torch-internals.md 4"),
+))
+_add(Profile(
+    name="cuda-2.13-rp2-ignored",
+    torch_versions=((2, 13), (2, 99)),
+    device="cuda",
+    policy="native",
+    roundup_applied=False,
+    notes=(
+        "What-if profile for builds where roundup_power2_divisions is not applied (PR #160666's "
+        "backed-out AcceleratorAllocatorConfig refactor; #161139: value 1 effectively ignored). "
+        "Use round_request to pre-round, and run the engine with divisions 0."
+    ),
+    references=("pytorch/pytorch#160666", "pytorch/pytorch#161139"),
+))
+_add(Profile(
+    name="rocm-2.13",
+    torch_versions=((2, 12), (2, 99)),
+    device="rocm",
+    policy="native",
+    settings_keys=(_CUDA_213_KEYS - {"release_lock_on_cudamalloc", "pinned_use_cuda_host_register"})
+    | {"release_lock_on_hipmalloc", "pinned_use_hip_host_register"},
+    notes=(
+        "Same allocator as CUDA (HIP). Expandable segments need ROCm >= 7.0; on older ROCm "
+        "torch logs a warning and runs without them (use profile rocm-6). backend also accepts "
+        "hipMallocAsync. pytorch#193400 was measured on ROCm. " + _ENGINE_213
+    ),
+    references=("torch-internals.md 2 (ROCm)", "pytorch/pytorch#193400"),
+))
+_add(Profile(
+    name="rocm-6",
+    torch_versions=((2, 0), (2, 99)),
+    device="rocm",
+    policy="native",
+    expandable_segments=False,
+    notes="ROCm < 7.0: expandable_segments:True is ignored (warning); simulate with it off.",
+    references=("torch-internals.md 2 (ROCm)",),
+))
+_add(Profile(
+    name="npu",
+    torch_versions=((2, 1), (2, 99)),
+    device="npu",
+    policy="native",
+    rounding="npu",
+    settings_keys=_CORE_KEYS | {"base_addr_aligned_kb", "page_size", "segment_size_mb"},
+    max_split_blocks_expandable_reuse=False,
+    throw_on_cudamalloc_oom=False,
+    notes=(
+        "Ascend torch_npu (measured on torch 2.6 fixtures): block size = ceil((request + 32) / "
+        "512) * 512 (a multiple of 512 comes out 512 bytes bigger; 1 MiB requests land in the "
+        "large pool). Segments: 2 MiB small, ceil(size/2 MiB) large (18-42 MiB seen), 20 MiB "
+        "expandable pages. The engine has no NPU rounding flag: pre-round requests with "
+        "round_request(size, 'npu'). Read with PYTORCH_NPU_ALLOC_CONF; max_split_size_mb must be "
+        "> 20. Whether torch_npu has the pytorch#193400 behaviour is unknown (flag False is a guess)."
+    ),
+    references=("allocator-semantics.md 3.1", "shared/traces/npu", "codeasier/MemSnapDump"),
+))
+_add(Profile(
+    name="xpu",
+    torch_versions=((2, 11), (2, 99)),
+    device="xpu",
+    policy="xpu",
+    rounding="xpu",
+    settings_keys=_CORE_KEYS | {"large_segment_size_mb"},
+    max_split_blocks_expandable_reuse=False,
+    throw_on_cudamalloc_oom=False,
+    notes=(
+        "XPUCachingAllocator: 512-byte rounding only (no roundup_power2_divisions), no max_split "
+        "oversize rules, same large_segment_size and expandable segments (PR #166292). "
+        "Simulated by the engine's 'xpu' policy. Read from PYTORCH_ALLOC_CONF."
+    ),
+    references=("torch-internals.md 4 (Other knobs)",),
+))
+
+#: Newest profile per device, used by profile_for when several cover a version.
+_DEFAULT_ORDER = ("cuda-2.13", "cuda-2.12", "cuda-2.9", "rocm-2.13", "npu", "xpu")
+_DEVICE_ALIASES = {"cuda": "cuda", "rocm": "rocm", "hip": "rocm", "npu": "npu", "xpu": "xpu"}
+
+
+def get_profile(name: str) -> Profile:
+    """The profile called ``name``; KeyError listing the known names otherwise."""
+    try:
+        return PROFILES[name]
+    except KeyError:
+        raise KeyError(f"unknown profile {name!r}; known: {', '.join(sorted(PROFILES))}") from None
+
+
+def _parse_version(v: str | tuple[int, int]) -> tuple[int, int]:
+    if isinstance(v, tuple):
+        return (int(v[0]), int(v[1]))
+    core = v.split("+")[0].split(".")
+    try:
+        return (int(core[0]), int("".join(ch for ch in core[1] if ch.isdigit()) or 0))
+    except (IndexError, ValueError):
+        raise ValueError(f"cannot read torch version {v!r}") from None
+
+
+def profile_for(torch_version: str | tuple[int, int], device: str = "cuda") -> Profile:
+    """The profile for a torch version (``"2.12.1+cu128"`` or ``(2, 12)``) on ``device``
+    (cuda, rocm/hip, npu, xpu). Raises ValueError when none covers it."""
+    dev = _DEVICE_ALIASES.get(device.lower())
+    if dev is None:
+        raise ValueError(f"unknown device {device!r}; expected one of {sorted(_DEVICE_ALIASES)}")
+    version = _parse_version(torch_version)
+    for name in _DEFAULT_ORDER:
+        p = PROFILES[name]
+        if p.device == dev and p.covers(version):
+            return p
+    raise ValueError(f"no profile for torch {torch_version} on {device}")
