@@ -236,6 +236,7 @@ def _moe_ffn(experts: int, topk: int) -> Callable[..., None]:
             saved += [h1, a1]
             t.temp(int(c) * m.d * F32)  # gathered tokens
         t.temp(m.batch * seq * m.d * F32)  # combine buffer
+
     return ffn
 
 

@@ -18,6 +18,9 @@ bigger by the un-split remainder); tests/allocator/test_profiles.py re-checks it
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
 
 __all__ = [
     "PROFILES",
@@ -26,6 +29,7 @@ __all__ = [
     "get_profile",
     "profile_for",
     "round_request",
+    "round_requests",
 ]
 
 MIB = 1 << 20
@@ -35,13 +39,15 @@ KMIN = 512
 #: ``npu`` (request + 32 bytes, then 512-byte multiples), ``xpu`` (512-byte multiples only).
 ROUNDING_RULES = ("cuda", "npu", "xpu")
 
-_CORE_KEYS = frozenset({
-    "max_split_size_mb",
-    "max_non_split_rounding_mb",
-    "garbage_collection_threshold",
-    "roundup_power2_divisions",
-    "expandable_segments",
-})
+_CORE_KEYS = frozenset(
+    {
+        "max_split_size_mb",
+        "max_non_split_rounding_mb",
+        "garbage_collection_threshold",
+        "roundup_power2_divisions",
+        "expandable_segments",
+    }
+)
 _CUDA_KEYS = _CORE_KEYS | {
     "backend",
     "release_lock_on_cudamalloc",
@@ -131,6 +137,20 @@ def round_request(size: int, profile: Profile | str, divisions: int = 0) -> int:
     return _round_cuda(size, divisions)
 
 
+def round_requests(sizes: Any, profile: Profile | str, divisions: int = 0) -> np.ndarray:
+    """:func:`round_request` over an array of sizes (int64 out), vectorised except for CUDA
+    with ``divisions`` > 1, which loops."""
+    p = get_profile(profile) if isinstance(profile, str) else profile
+    s = np.asarray(sizes, dtype=np.int64)
+    if s.size and int(s.min()) <= 0:
+        raise ValueError("sizes must be > 0")
+    if p.rounding == "npu":
+        return ((s + 32 + KMIN - 1) // KMIN) * KMIN
+    if p.rounding == "xpu" or not p.roundup_applied or divisions <= 1:
+        return np.maximum(KMIN, ((s + KMIN - 1) // KMIN) * KMIN)
+    return np.array([_round_cuda(int(x), divisions) for x in s.ravel()], np.int64).reshape(s.shape)
+
+
 _ES_NOTE = (
     "max_split_size_mb + expandable_segments: get_free_block applies the oversize rule to "
     "expandable blocks, so cached expandable memory is not reused and reserved grows (pytorch#193400; "
@@ -151,125 +171,149 @@ def _add(p: Profile) -> None:
     PROFILES[p.name] = p
 
 
-_add(Profile(
-    name="cuda-2.9",
-    torch_versions=((2, 0), (2, 11)),
-    device="cuda",
-    policy="native",
-    settings_keys=_CUDA_KEYS,
-    max_split_blocks_expandable_reuse=False,
-    roundup_gt_fills_after_last=False,
-    throw_on_cudamalloc_oom=False,
-    notes=(
-        "Before 2.12: max_split_size with expandable segments does not block reuse of expandable "
-        "blocks (782 MiB peak on the pytorch#193400 reproducer). kLargeBuffer is a fixed 20 MiB "
-        "(no large_segment_size_mb). An older revision filled the roundup '>' entry from "
-        "last_index instead of last_index+1 (torch-internals.md section 4); the exact release is "
-        "not pinned down. No throw_on_cudamalloc_oom / pinned_free_catch_all (2.13+). "
-        "2.9 -> 2.10 increased start-up fragmentation under vLLM (vllm#41158); not modelled. "
-        + _ENGINE_FLAG.format(
-            what="max_split_blocks_expandable_reuse=False or the old '>' fill; "
-            "the oversize rule on expandable blocks is always applied"
+_add(
+    Profile(
+        name="cuda-2.9",
+        torch_versions=((2, 0), (2, 11)),
+        device="cuda",
+        policy="native",
+        settings_keys=_CUDA_KEYS,
+        max_split_blocks_expandable_reuse=False,
+        roundup_gt_fills_after_last=False,
+        throw_on_cudamalloc_oom=False,
+        notes=(
+            "Before 2.12: max_split_size with expandable segments does not block reuse of expandable "
+            "blocks (782 MiB peak on the pytorch#193400 reproducer; measured on 2.9.1, 2.10 and 2.11 "
+            "not measured and assumed the same). kLargeBuffer is a fixed 20 MiB "
+            "(no large_segment_size_mb). An older revision filled the roundup '>' entry from "
+            "last_index instead of last_index+1 (torch-internals.md section 4); the exact release is "
+            "not pinned down. No throw_on_cudamalloc_oom / pinned_free_catch_all (2.13+). "
+            "2.9 -> 2.10 increased start-up fragmentation under vLLM (vllm#41158); not modelled. "
+            + _ENGINE_FLAG.format(
+                what="max_split_blocks_expandable_reuse=False or the old '>' fill; "
+                "the oversize rule on expandable blocks is always applied"
+            )
+        ),
+        references=(
+            "pytorch/pytorch#193400",
+            "vllm-project/vllm#41158",
+            "allocator-semantics.md 4.3",
+            "torch-internals.md 4",
+        ),
+    )
+)
+_add(
+    Profile(
+        name="cuda-2.12",
+        torch_versions=((2, 12), (2, 12)),
+        device="cuda",
+        policy="native",
+        settings_keys=_CUDA_KEYS,
+        throw_on_cudamalloc_oom=False,
+        notes=(
+            _ES_NOTE + "kLargeBuffer fixed at 20 MiB (large_segment_size_mb arrives in 2.13); "
+            "no throw_on_cudamalloc_oom. The engine's default large_segment_size (20 MiB) matches."
+        ),
+        references=("pytorch/pytorch#193400", "allocator-semantics.md 4.3"),
+    )
+)
+_add(
+    Profile(
+        name="cuda-2.13",
+        torch_versions=((2, 13), (2, 99)),
+        device="cuda",
+        policy="native",
+        notes=(
+            _ES_NOTE
+            + "large_segment_size_mb replaces kLargeBuffer (default 20 MiB, must be > 10); "
+            "throw_on_cudamalloc_oom and pinned_free_catch_all added. " + _ENGINE_213
+        ),
+        references=("pytorch/pytorch#193400", "torch-internals.md 4"),
+    )
+)
+_add(
+    Profile(
+        name="cuda-2.13-rp2-ignored",
+        torch_versions=((2, 13), (2, 99)),
+        device="cuda",
+        policy="native",
+        roundup_applied=False,
+        notes=(
+            "What-if profile for builds where roundup_power2_divisions is not applied (PR #160666's "
+            "backed-out AcceleratorAllocatorConfig refactor; #161139: value 1 effectively ignored). "
+            "Use round_request to pre-round, and run the engine with divisions 0."
+        ),
+        references=("pytorch/pytorch#160666", "pytorch/pytorch#161139"),
+    )
+)
+_add(
+    Profile(
+        name="rocm-2.13",
+        torch_versions=((2, 12), (2, 99)),
+        device="rocm",
+        policy="native",
+        settings_keys=(
+            _CUDA_213_KEYS - {"release_lock_on_cudamalloc", "pinned_use_cuda_host_register"}
         )
-    ),
-    references=("pytorch/pytorch#193400", "vllm-project/vllm#41158",
-                "allocator-semantics.md 4.3", "torch-internals.md 4"),
-))
-_add(Profile(
-    name="cuda-2.12",
-    torch_versions=((2, 12), (2, 12)),
-    device="cuda",
-    policy="native",
-    settings_keys=_CUDA_KEYS,
-    throw_on_cudamalloc_oom=False,
-    notes=(
-        _ES_NOTE + "kLargeBuffer fixed at 20 MiB (large_segment_size_mb arrives in 2.13); "
-        "no throw_on_cudamalloc_oom. The engine's default large_segment_size (20 MiB) matches."
-    ),
-    references=("pytorch/pytorch#193400", "allocator-semantics.md 4.3"),
-))
-_add(Profile(
-    name="cuda-2.13",
-    torch_versions=((2, 13), (2, 99)),
-    device="cuda",
-    policy="native",
-    notes=(
-        _ES_NOTE + "large_segment_size_mb replaces kLargeBuffer (default 20 MiB, must be > 10); "
-        "throw_on_cudamalloc_oom and pinned_free_catch_all added. " + _ENGINE_213
-    ),
-    references=("pytorch/pytorch#193400", "torch-internals.md 4"),
-))
-_add(Profile(
-    name="cuda-2.13-rp2-ignored",
-    torch_versions=((2, 13), (2, 99)),
-    device="cuda",
-    policy="native",
-    roundup_applied=False,
-    notes=(
-        "What-if profile for builds where roundup_power2_divisions is not applied (PR #160666's "
-        "backed-out AcceleratorAllocatorConfig refactor; #161139: value 1 effectively ignored). "
-        "Use round_request to pre-round, and run the engine with divisions 0."
-    ),
-    references=("pytorch/pytorch#160666", "pytorch/pytorch#161139"),
-))
-_add(Profile(
-    name="rocm-2.13",
-    torch_versions=((2, 12), (2, 99)),
-    device="rocm",
-    policy="native",
-    settings_keys=(_CUDA_213_KEYS - {"release_lock_on_cudamalloc", "pinned_use_cuda_host_register"})
-    | {"release_lock_on_hipmalloc", "pinned_use_hip_host_register"},
-    notes=(
-        "Same allocator as CUDA (HIP). Expandable segments need ROCm >= 7.0; on older ROCm "
-        "torch logs a warning and runs without them (use profile rocm-6). backend also accepts "
-        "hipMallocAsync. pytorch#193400 was measured on ROCm. " + _ENGINE_213
-    ),
-    references=("torch-internals.md 2 (ROCm)", "pytorch/pytorch#193400"),
-))
-_add(Profile(
-    name="rocm-6",
-    torch_versions=((2, 0), (2, 99)),
-    device="rocm",
-    policy="native",
-    expandable_segments=False,
-    notes="ROCm < 7.0: expandable_segments:True is ignored (warning); simulate with it off.",
-    references=("torch-internals.md 2 (ROCm)",),
-))
-_add(Profile(
-    name="npu",
-    torch_versions=((2, 1), (2, 99)),
-    device="npu",
-    policy="native",
-    rounding="npu",
-    settings_keys=_CORE_KEYS | {"base_addr_aligned_kb", "page_size", "segment_size_mb"},
-    max_split_blocks_expandable_reuse=False,
-    throw_on_cudamalloc_oom=False,
-    notes=(
-        "Ascend torch_npu (measured on torch 2.6 fixtures): block size = ceil((request + 32) / "
-        "512) * 512 (a multiple of 512 comes out 512 bytes bigger; 1 MiB requests land in the "
-        "large pool). Segments: 2 MiB small, ceil(size/2 MiB) large (18-42 MiB seen), 20 MiB "
-        "expandable pages. The engine has no NPU rounding flag: pre-round requests with "
-        "round_request(size, 'npu'). Read with PYTORCH_NPU_ALLOC_CONF; max_split_size_mb must be "
-        "> 20. Whether torch_npu has the pytorch#193400 behaviour is unknown (flag False is a guess)."
-    ),
-    references=("allocator-semantics.md 3.1", "shared/traces/npu", "codeasier/MemSnapDump"),
-))
-_add(Profile(
-    name="xpu",
-    torch_versions=((2, 11), (2, 99)),
-    device="xpu",
-    policy="xpu",
-    rounding="xpu",
-    settings_keys=_CORE_KEYS | {"large_segment_size_mb"},
-    max_split_blocks_expandable_reuse=False,
-    throw_on_cudamalloc_oom=False,
-    notes=(
-        "XPUCachingAllocator: 512-byte rounding only (no roundup_power2_divisions), no max_split "
-        "oversize rules, same large_segment_size and expandable segments (PR #166292). "
-        "Simulated by the engine's 'xpu' policy. Read from PYTORCH_ALLOC_CONF."
-    ),
-    references=("torch-internals.md 4 (Other knobs)",),
-))
+        | {"release_lock_on_hipmalloc", "pinned_use_hip_host_register"},
+        notes=(
+            "Same allocator as CUDA (HIP). Expandable segments need ROCm >= 7.0; on older ROCm "
+            "torch logs a warning and runs without them (use profile rocm-6). backend also accepts "
+            "hipMallocAsync. pytorch#193400 was measured on ROCm. " + _ENGINE_213
+        ),
+        references=("torch-internals.md 2 (ROCm)", "pytorch/pytorch#193400"),
+    )
+)
+_add(
+    Profile(
+        name="rocm-6",
+        torch_versions=((2, 0), (2, 99)),
+        device="rocm",
+        policy="native",
+        expandable_segments=False,
+        notes="ROCm < 7.0: expandable_segments:True is ignored (warning); simulate with it off.",
+        references=("torch-internals.md 2 (ROCm)",),
+    )
+)
+_add(
+    Profile(
+        name="npu",
+        torch_versions=((2, 1), (2, 99)),
+        device="npu",
+        policy="native",
+        rounding="npu",
+        settings_keys=_CORE_KEYS | {"base_addr_aligned_kb", "page_size", "segment_size_mb"},
+        max_split_blocks_expandable_reuse=False,
+        throw_on_cudamalloc_oom=False,
+        notes=(
+            "Ascend torch_npu (measured on torch 2.6 fixtures): block size = ceil((request + 32) / "
+            "512) * 512 (a multiple of 512 comes out 512 bytes bigger; 1 MiB requests land in the "
+            "large pool). Segments: 2 MiB small, ceil(size/2 MiB) large (18-42 MiB seen), 20 MiB "
+            "expandable pages. The engine has no NPU rounding flag: pre-round requests with "
+            "round_request(size, 'npu'). Read with PYTORCH_NPU_ALLOC_CONF; max_split_size_mb must be "
+            "> 20. Whether torch_npu has the pytorch#193400 behaviour is unknown (flag False is a guess)."
+        ),
+        references=("allocator-semantics.md 3.1", "shared/traces/npu", "codeasier/MemSnapDump"),
+    )
+)
+_add(
+    Profile(
+        name="xpu",
+        torch_versions=((2, 11), (2, 99)),
+        device="xpu",
+        policy="xpu",
+        rounding="xpu",
+        settings_keys=_CORE_KEYS | {"large_segment_size_mb"},
+        max_split_blocks_expandable_reuse=False,
+        throw_on_cudamalloc_oom=False,
+        notes=(
+            "XPUCachingAllocator: 512-byte rounding only (no roundup_power2_divisions), no max_split "
+            "oversize rules, same large_segment_size and expandable segments (PR #166292). "
+            "Simulated by the engine's 'xpu' policy. Read from PYTORCH_ALLOC_CONF."
+        ),
+        references=("torch-internals.md 4 (Other knobs)",),
+    )
+)
 
 #: Newest profile per device, used by profile_for when several cover a version.
 _DEFAULT_ORDER = ("cuda-2.13", "cuda-2.12", "cuda-2.9", "rocm-2.13", "npu", "xpu")

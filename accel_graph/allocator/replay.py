@@ -58,6 +58,8 @@ SEGMENT_ACTIONS = (A_SEG_ALLOC, A_SEG_FREE, A_MAP, A_UNMAP)
 #: block is ``ceil((requested + 32) / 512) * 512``, so a request that is a multiple of 512 comes
 #: out 512 bytes bigger). The engine has no such rule; sizes are pre-rounded in Python.
 PROFILES: dict[str, int] = {"cuda": 0, "rocm": 0, "xpu": 0, "npu": 32}
+#: Ascend NPU, expandable segments: large blocks start on 16 KiB boundaries (measured).
+NPU_EXPANDABLE_LARGE_ALIGN = 16 * 1024
 
 
 def profile_round(sizes: Any, profile: str | None) -> np.ndarray:
@@ -146,14 +148,15 @@ def _alloc_slots(ev: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(alloc_idx, free_idx, free_slot): slot of each free = index (into alloc_idx) of the last
     alloc at the same address before it, -1 when there is none (a pre-existing block)."""
     act = ev["action"]
-    alloc_idx = np.nonzero(act == A_ALLOC)[0]
-    free_idx = np.nonzero(act == A_FREE)[0]
-    idx = np.concatenate((alloc_idx, free_idx))
-    is_alloc = np.concatenate((np.ones(len(alloc_idx), bool), np.zeros(len(free_idx), bool)))
-    slot_of = np.concatenate((np.arange(len(alloc_idx)), np.full(len(free_idx), -1)))
+    idx = np.nonzero((act == A_ALLOC) | (act == A_FREE))[0]  # in event order
+    is_alloc_all = act[idx] == A_ALLOC
+    alloc_idx, free_idx = idx[is_alloc_all], idx[~is_alloc_all]
+    # rank of each event within its kind: slot number for allocs, position for frees
+    rank = np.where(is_alloc_all, np.cumsum(is_alloc_all) - 1, np.cumsum(~is_alloc_all) - 1)
     addr = ev["addr"][idx]
-    order = np.lexsort((idx, addr))
-    a_s, alloc_s, slot_s = addr[order], is_alloc[order], slot_of[order]
+    order = np.argsort(addr, kind="stable")  # by address, then event order
+    a_s, alloc_s = addr[order], is_alloc_all[order]
+    slot_s = np.where(alloc_s, rank[order], -1)
     # forward-fill the slot of the last alloc within each address group
     pos = np.where(alloc_s, np.arange(len(order)), -1)
     pos = np.maximum.accumulate(pos) if len(pos) else pos
@@ -166,7 +169,7 @@ def _alloc_slots(ev: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     filled = np.where(same & prev_is_alloc, slot_s[np.maximum(pos, 0)], -1)
     free_slot = np.empty(len(free_idx), dtype=np.int64)
     free_pos = np.nonzero(~alloc_s)[0]
-    free_slot[order[free_pos] - len(alloc_idx)] = filled[free_pos]
+    free_slot[rank[order[free_pos]]] = filled[free_pos]
     return alloc_idx, free_idx, free_slot
 
 
@@ -204,26 +207,31 @@ def _segments_at_start(trace: Any, ev: np.ndarray, device: int) -> list[tuple[in
     return sorted(out)
 
 
-def infer_start_state(trace: Any, device: int = 0, profile: str | None = None) -> dict[str, Any]:
+def infer_start_state(trace: Any, device: int = 0, profile: str | None = None,
+                      _slots: Any = None) -> dict[str, Any]:
     """The pre-existing state: ``blocks`` [(address, size)] live at the trace's start, and
     ``segments`` [(address, size, expandable)] reserved at the start."""
     ev = trace.events(device)
-    _, free_idx, free_slot = _alloc_slots(ev)
+    _, free_idx, free_slot = _slots if _slots is not None else _alloc_slots(ev)
     orphan = free_idx[free_slot < 0]
     blocks: dict[int, int] = {}
-    for a, s in zip(ev["addr"][orphan].tolist(), profile_round(ev["size"][orphan], profile).tolist()):
+    sizes = (profile_round(ev["size"][orphan], profile) + 511) // 512 * 512  # torch's 512 floor
+    for a, s in zip(ev["addr"][orphan].tolist(), np.maximum(sizes, 512).tolist()):
         blocks.setdefault(a, s)  # the first free of an address never allocated in the trace
-    touched = set(ev["addr"][np.isin(ev["action"], (A_ALLOC, A_FREE_REQ, A_FREE))].tolist())
-    for s in trace.segments:
-        if s.get("device", device) != device:
-            continue
-        for b in s.get("blocks", ()):
-            if b.get("state") == "active_allocated" and int(b["address"]) not in touched:
-                blocks[int(b["address"])] = int(b["size"])
+    final = [(int(b["address"]), int(b["size"])) for s in trace.segments
+             if s.get("device", device) == device for b in s.get("blocks", ())
+             if b.get("state") == "active_allocated"]
+    if final:
+        mem_addr = ev["addr"][np.isin(ev["action"], (A_ALLOC, A_FREE_REQ, A_FREE))]
+        touched = np.isin(np.array([a for a, _ in final], dtype=np.uint64), mem_addr)
+        for (a, n), t in zip(final, touched.tolist()):
+            if not t:
+                blocks[a] = n
     return {"blocks": sorted(blocks.items()), "segments": _segments_at_start(trace, ev, device)}
 
 
-def _prologue(state: dict[str, Any], expandable: bool) -> tuple[np.ndarray, dict[int, int]]:
+def _prologue(state: dict[str, Any], expandable: bool,
+              large_align: int = 512) -> tuple[np.ndarray, dict[int, int]]:
     """Ops that recreate the start state; returns (ops, {block address: slot})."""
     ops: list[tuple[int, int, int, int, int]] = []
     slot_of: dict[int, int] = {}
@@ -247,7 +255,7 @@ def _prologue(state: dict[str, Any], expandable: bool) -> tuple[np.ndarray, dict
             segments += [(a, 2 * MIB, True) for a in range(seg_addr, seg_addr + seg_size, 2 * MIB)]
         else:
             segments.append((seg_addr, seg_size, seg_exp))
-    for seg_addr, seg_size, _seg_exp in segments:
+    for seg_addr, seg_size, seg_exp in segments:
         lo = int(np.searchsorted(addrs, seg_addr))
         hi = int(np.searchsorted(addrs, seg_addr + seg_size))
         inside = [(a, s) for a, s in blocks[lo:hi]]
@@ -260,9 +268,16 @@ def _prologue(state: dict[str, Any], expandable: bool) -> tuple[np.ndarray, dict
         cur = seg_addr
         end = seg_addr + seg_size
         pieces: list[tuple[int, int, int | None]] = []  # (size, kind, addr) kind 0 gap, 1 block
-        for a, s in inside:
+        nxt = [a for a, _ in inside[1:]] + [end]
+        for (a, s), limit in zip(inside, nxt):
             if a > cur:
                 pieces.append((a - cur, 0, None))
+            if s > MIB:
+                # pad as the device would; in a recorded expandable range the recorded
+                # addresses already show the padding, so never run into the next block there
+                s = (s + large_align - 1) // large_align * large_align
+                if seg_exp:
+                    s = min(s, max(limit - a, 512))
             s = min(s, end - a)
             pieces.append((s, 1, a))
             cur = a + s
@@ -313,12 +328,15 @@ def build_ops(trace: Any, device: int = 0, profile: str | None = None,
         profile = trace.device_type or "cuda"
     ev = trace.events(device)
     if expandable is None:
-        expandable = any(s.get("is_expandable") for s in trace.segments)
-    state = infer_start_state(trace, device, profile) if start_state else {"blocks": [],
-                                                                             "segments": []}
-    prologue, pre_slot = _prologue(state, expandable)
+        expandable = any(s.get("is_expandable") for s in trace.segments
+                         if s.get("device", device) == device)
+    slots = _alloc_slots(ev)
+    alloc_idx, free_idx, free_slot = slots
+    state = (infer_start_state(trace, device, profile, slots) if start_state
+             else {"blocks": [], "segments": []})
+    align = NPU_EXPANDABLE_LARGE_ALIGN if profile == "npu" and expandable else 512
+    prologue, pre_slot = _prologue(state, expandable, align)
     base = int(prologue["id"].max()) + 1 if len(prologue) else 0
-    alloc_idx, free_idx, free_slot = _alloc_slots(ev)
     if (free_slot < 0).any():
         miss = free_idx[free_slot < 0]
         pre = np.array([pre_slot.get(a, -1) for a in ev["addr"][miss].tolist()], dtype=np.int64)
@@ -347,7 +365,13 @@ def build_ops(trace: Any, device: int = 0, profile: str | None = None,
     op = np.concatenate((np.full(len(alloc_idx), OP["malloc"]),
                          np.full(int(keep_free.sum()), OP["free"]),
                          np.full(len(ec), OP["empty_cache"])))
-    size = np.concatenate((profile_round(ev["size"][alloc_idx], profile),
+    sizes = profile_round(ev["size"][alloc_idx], profile)
+    if profile == "npu" and expandable:
+        # torch_npu leaves large blocks of expandable segments 16 KiB-aligned (the final
+        # segments show free fragments of 16 KiB - (size mod 16 KiB)): pad large requests
+        sizes = np.where(sizes > MIB, (sizes + NPU_EXPANDABLE_LARGE_ALIGN - 1)
+                         // NPU_EXPANDABLE_LARGE_ALIGN * NPU_EXPANDABLE_LARGE_ALIGN, sizes)
+    size = np.concatenate((sizes,
                            np.zeros(int(keep_free.sum()) + len(ec), np.int64)))
     ids = np.concatenate((np.arange(len(alloc_idx)) + base, free_slot[keep_free] + base,
                           np.zeros(len(ec), np.int64)))
@@ -418,7 +442,8 @@ def replay_trace(trace: Any, settings: Any = None, *, policy: str = "native", de
                                         "cuda" if trace.device_type in (None, "npu") else
                                         trace.device_type)
         es = EngineSettings.from_allocator_settings(parsed)
-        inferred = any(s.get("is_expandable") for s in trace.segments)
+        inferred = any(s.get("is_expandable") for s in trace.segments
+                         if s.get("device", device) == device)
         if inferred and not es.expandable_segments:
             es = EngineSettings(**{**es.__dict__, "expandable_segments": True})
     elif isinstance(settings, EngineSettings):
