@@ -8,7 +8,7 @@ keep working. Messages name the device, the state and the next step.
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING, Any
 
 __all__ = [
     "AccelGraphError",
@@ -58,8 +58,34 @@ class PoolError(ConfigError):
     """A pool handle that belongs to no pool, to another device or backend, or to a released pool."""
 
 
-class OutOfMemoryError(AccelGraphError, torch.OutOfMemoryError, MemoryError):
-    """A pool or allocator could not satisfy a request. Catchable as torch's OOM and MemoryError."""
+if TYPE_CHECKING:
+    import torch
+
+    class OutOfMemoryError(AccelGraphError, torch.OutOfMemoryError, MemoryError):
+        """A pool or allocator could not satisfy a request."""
+
+
+def _define_out_of_memory_error() -> type:
+    # Defined on first use so that importing this module (and the allocator tools that only need
+    # the other classes, such as ``accel-alloc``) does not import torch, which takes about 1 s.
+    import torch
+
+    class OutOfMemoryError(AccelGraphError, torch.OutOfMemoryError, MemoryError):
+        """A pool or allocator could not satisfy a request. Catchable as torch's OOM and
+        MemoryError."""
+
+    OutOfMemoryError.__module__ = __name__
+    OutOfMemoryError.__qualname__ = "OutOfMemoryError"
+    return OutOfMemoryError
+
+
+def __getattr__(name: str) -> Any:
+    """``OutOfMemoryError`` is created on first access (it derives from torch's OOM class)."""
+    if name == "OutOfMemoryError":
+        cls = _define_out_of_memory_error()
+        globals()[name] = cls
+        return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class TraceFormatError(AccelGraphError, ValueError):

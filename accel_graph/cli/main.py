@@ -70,16 +70,28 @@ def _chosen(argv: Sequence[str]) -> str | None:
     return None
 
 
-def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
+def build_parser(
+    argv: Sequence[str] = (),
+    *,
+    prog: str = PROG,
+    commands: dict[str, tuple[str, str]] | None = None,
+    description: str = "Device graphs and a pluggable caching allocator for PyTorch.",
+    version: str | None = None,
+) -> argparse.ArgumentParser:
     """The top-level parser. Only the command chosen in ``argv`` gets its options (and its
-    module imported); the others appear in ``--help`` by name and help line."""
-    parser = argparse.ArgumentParser(
-        prog=PROG, description="Device graphs and a pluggable caching allocator for PyTorch."
-    )
-    parser.add_argument("--version", action=_VersionAction)
+    module imported); the others appear in ``--help`` by name and help line.
+
+    ``prog``/``commands``/``description`` let other console scripts (``accel-alloc``) share the
+    registry mechanism; the defaults build ``accel-graph``.
+    """
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    if version is not None:
+        parser.add_argument("--version", action="version", version=f"{prog} {version}")
+    else:
+        parser.add_argument("--version", action=_VersionAction)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
     chosen = _chosen(argv)
-    for name, (module_name, help_line) in COMMANDS.items():
+    for name, (module_name, help_line) in (COMMANDS if commands is None else commands).items():
         cmd = sub.add_parser(name, help=help_line, description=help_line)
         if name == chosen:
             module = importlib.import_module(module_name)

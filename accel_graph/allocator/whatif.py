@@ -1,0 +1,273 @@
+"""What-if simulation: one recorded trace replayed under another allocator configuration.
+
+The library side of ``accel-alloc simulate``/``tune``/``diff``/``plot``. A :class:`Scenario` is
+a config string (PyTorch's ``PYTORCH_ALLOC_CONF`` grammar, parsed exactly as torch 2.13 does),
+a profile (torch version x device, :mod:`accel_graph.allocator.profiles`), an engine policy and
+an optional device capacity. :func:`simulate` replays the trace under it with
+:func:`~accel_graph.allocator.replay.replay_trace` (one C call for the whole trace) and returns a
+:class:`SimResult` whose :meth:`SimResult.to_json` is the stable JSON schema of
+docs/accel-alloc.md.
+
+Errors a user can fix are typed: :class:`~accel_graph.errors.ConfigError` (a config torch would
+reject), :class:`CapacityError` (a cap below the largest allocation), and
+:class:`UnsupportedTraceError` (an unknown profile or policy, a trace with nothing to replay).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import AccelGraphError
+from . import profiles as _profiles
+from .config import AllocatorSettings, parse_config, settings_from_snapshot
+from .engine import POLICIES, EngineSettings
+from .trace import ACTION_CODE
+
+__all__ = [
+    "CapacityError",
+    "Scenario",
+    "SimResult",
+    "UnsupportedTraceError",
+    "largest_request",
+    "make_scenario",
+    "recorded_settings",
+    "simulate",
+]
+
+_A_ALLOC = ACTION_CODE["alloc"]
+#: Newest torch minor the profiles describe; the default profile for a trace is the newest one.
+_NEWEST = (2, 13)
+#: config.py's device vocabulary for each profile device.
+_CONFIG_DEVICE = {"cuda": "cuda", "rocm": "hip", "npu": "cuda", "xpu": "xpu"}
+
+
+class CapacityError(AccelGraphError, ValueError):
+    """A capacity that cannot hold the trace (``cap`` below the largest single allocation)."""
+
+
+class UnsupportedTraceError(AccelGraphError, ValueError):
+    """A trace or request the simulator cannot model (unknown profile/policy, no events)."""
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One configuration to replay a trace under.
+
+    ``config``: the canonical config string (``""`` = torch's defaults), or None for "the
+    settings the trace was recorded with". ``settings``: the parsed form (None when recorded
+    settings are used). ``notes``: what the profile ignores or changes about this config.
+    """
+
+    config: str | None
+    settings: AllocatorSettings | None
+    profile: _profiles.Profile
+    policy: str
+    cap: int | None = None
+    notes: tuple[str, ...] = ()
+
+    @property
+    def label(self) -> str:
+        if self.config is None:
+            return "(as recorded)"
+        return self.config or "(defaults)"
+
+    def describe(self) -> dict[str, Any]:
+        return {"config": self.config, "label": self.label, "profile": self.profile.name,
+                "policy": self.policy, "cap": self.cap, "notes": list(self.notes)}
+
+
+def recorded_settings(trace: Any) -> AllocatorSettings:
+    """The settings the trace says it was recorded with (defaults when it says nothing), with
+    ``expandable_segments`` set when any final segment is expandable (NPU files record no
+    settings)."""
+    device = _CONFIG_DEVICE.get(trace.device_type or "cuda", "cuda")
+    s = settings_from_snapshot(trace.allocator_settings or {}, device)
+    if not s.expandable_segments and any(seg.get("is_expandable") for seg in trace.segments):
+        s = dataclasses.replace(s, expandable_segments=True)
+    return s
+
+
+def largest_request(trace: Any, device: int = 0) -> int:
+    """The largest single ``alloc`` request of ``device`` in the trace (0 when none)."""
+    ev = trace.events(device)
+    sizes = ev["size"][ev["action"] == _A_ALLOC]
+    return int(sizes.max()) if len(sizes) else 0
+
+
+def _resolve_profile(trace: Any, profile: str | _profiles.Profile | None) -> _profiles.Profile:
+    if isinstance(profile, _profiles.Profile):
+        return profile
+    if profile is None:
+        return _profiles.profile_for(_NEWEST, trace.device_type or "cuda")
+    if profile in _profiles.PROFILES:
+        return _profiles.PROFILES[profile]
+    try:  # a bare device name: the newest profile for it
+        return _profiles.profile_for(_NEWEST, profile)
+    except ValueError:
+        raise UnsupportedTraceError(
+            f"unknown profile {profile!r}; known: {', '.join(sorted(_profiles.PROFILES))} "
+            "(or a device: cuda, rocm, npu, xpu)"
+        ) from None
+
+
+def make_scenario(trace: Any, config: str | None = None, *, policy: str | None = None,
+                  profile: str | _profiles.Profile | None = None, cap: int | None = None,
+                  device: int = 0) -> Scenario:
+    """Check and resolve one configuration for ``trace``.
+
+    Raises :class:`ConfigError` for a config string torch would reject on the profile's device,
+    :class:`UnsupportedTraceError` for an unknown profile or policy or the ``cudaMallocAsync``
+    backend, :class:`CapacityError` for a ``cap`` below the largest request or a memory fraction
+    without a cap.
+    """
+    prof = _resolve_profile(trace, profile)
+    pol = policy or prof.policy
+    if pol not in POLICIES:
+        raise UnsupportedTraceError(f"unknown policy {pol!r}; known: {', '.join(POLICIES)}")
+    notes: list[str] = []
+    settings: AllocatorSettings | None = None
+    canonical: str | None = None
+    if config is not None:
+        settings = parse_config(config, _CONFIG_DEVICE.get(prof.device, "cuda"))
+        canonical = settings.to_string()
+        if settings.backend != "native":
+            raise UnsupportedTraceError(
+                f"backend:{settings.backend} hands allocation to the driver's stream-ordered "
+                "pool, which this simulator does not model; simulate backend:native settings"
+            )
+        given = {part.split(":", 1)[0].strip() for part in _top_level_entries(config)}
+        ignored = sorted(k for k in given if k and k not in prof.settings_keys)
+        if ignored:
+            notes.append(f"profile {prof.name} does not honour {', '.join(ignored)}; "
+                         "simulated as if unset")
+        if settings.per_process_memory_fraction < 1.0 and cap is None:
+            raise CapacityError(
+                "per_process_memory_fraction limits memory to a fraction of the device; pass "
+                "--cap with the device's memory (e.g. --cap 80GiB) so the fraction has a size"
+            )
+        if settings.garbage_collection_threshold > 0 and settings.per_process_memory_fraction >= 1.0:
+            notes.append("garbage_collection_threshold acts only with per_process_memory_fraction "
+                         "set (pytorch#106660): no effect here")
+    if cap is not None:
+        need = largest_request(trace, device)
+        if cap < need:
+            raise CapacityError(
+                f"--cap {cap} bytes is smaller than the trace's largest allocation ({need} bytes); "
+                "no configuration can run this trace there: raise the cap"
+            )
+    return Scenario(canonical, settings, prof, pol, cap, tuple(notes))
+
+
+def _top_level_entries(text: str) -> list[str]:
+    """``a:1,b:[x:1,y:2]`` -> ``['a:1', 'b:[x:1,y:2]']`` (commas inside brackets kept)."""
+    out, depth, cur = [], 0, []
+    for ch in text:
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+        if ch == "," and depth == 0:
+            out.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+    out.append("".join(cur))
+    return out
+
+
+@dataclass
+class SimResult:
+    """What one replay predicts. Byte figures are ints; see docs/accel-alloc.md for meaning."""
+
+    scenario: Scenario
+    device: int
+    peak_reserved: int
+    peak_allocated: int | None
+    final_reserved: int
+    start_reserved: int
+    device_mallocs: int
+    device_frees: int
+    maps: int
+    unmaps: int
+    retries: int
+    ooms: int
+    fragmentation_at_peak: float
+    replay_seconds: float
+    n_ops: int
+    notes: list[str] = field(default_factory=list)
+    replay: Any = None  # the ReplayResult (events when keep_events=True)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            **self.scenario.describe(),
+            "device": self.device,
+            "peak_reserved": self.peak_reserved,
+            "peak_allocated": self.peak_allocated,
+            "final_reserved": self.final_reserved,
+            "start_reserved": self.start_reserved,
+            "device_mallocs": self.device_mallocs,
+            "device_frees": self.device_frees,
+            "segment_maps": self.maps,
+            "segment_unmaps": self.unmaps,
+            "retries": self.retries,
+            "ooms": self.ooms,
+            "fragmentation_at_peak": round(self.fragmentation_at_peak, 6),
+            "replay_seconds": round(self.replay_seconds, 6),
+            "ops": self.n_ops,
+            "notes": list(self.scenario.notes) + list(self.notes),
+        }
+
+
+def engine_settings(scenario: Scenario, trace: Any) -> EngineSettings:
+    """The :class:`EngineSettings` a scenario replays with (cap and capacity included)."""
+    parsed = scenario.settings if scenario.settings is not None else recorded_settings(trace)
+    overrides: dict[str, Any] = {}
+    if scenario.cap is not None:
+        overrides["cap"] = scenario.cap
+        overrides["capacity"] = scenario.cap
+    return EngineSettings.from_allocator_settings(parsed, **overrides)
+
+
+def simulate(trace: Any, scenario: Scenario, *, device: int = 0,
+             keep_events: bool = False) -> SimResult:
+    """Replay one device's events of ``trace`` under ``scenario`` (one C call)."""
+    from .replay import replay_trace
+
+    if not len(trace.events(device)):
+        raise UnsupportedTraceError(f"the trace has no events for device {device}")
+    es = engine_settings(scenario, trace)
+    kw: dict[str, Any] = {}
+    if keep_events:
+        kw["keep_events"] = True
+    r = replay_trace(trace, es, policy=scenario.policy, device=device,
+                     profile=_profile_arg(scenario.profile), **kw)
+    return SimResult(
+        scenario=scenario,
+        device=device,
+        peak_reserved=int(r.peak_reserved),
+        peak_allocated=_opt_int(getattr(r, "peak_allocated", None)),
+        final_reserved=int(r.final_stats.get("reserved_bytes.all.current", 0)),
+        start_reserved=int(r.start_reserved),
+        device_mallocs=int(r.device_mallocs),
+        device_frees=int(r.device_frees),
+        maps=int(r.maps),
+        unmaps=int(r.unmaps),
+        retries=int(r.retries),
+        ooms=int(r.ooms),
+        fragmentation_at_peak=float(r.fragmentation_at_peak),
+        replay_seconds=float(r.replay_seconds),
+        n_ops=int(r.n_ops),
+        notes=list(getattr(r, "notes", []) or []),
+        replay=r,
+    )
+
+
+def _opt_int(v: Any) -> int | None:
+    return None if v is None else int(v)
+
+
+def _profile_arg(profile: _profiles.Profile) -> Any:
+    """What ``replay_trace`` takes as ``profile`` (interim: the device's rounding profile)."""
+    return profile.device

@@ -1,0 +1,1 @@
+"""``accel-alloc``: replay recorded allocator traces under other settings and recommend one."""

@@ -1,0 +1,285 @@
+"""What every ``accel-alloc`` command shares: exit codes, input loading, scenarios, output.
+
+Exit codes (stable; scripts may rely on them, see docs/accel-alloc.md):
+
+=====  ==========================================================================================
+code   meaning
+=====  ==========================================================================================
+0      success
+1      a check failed: ``validate --max-error`` exceeded, ``diff --fail-above`` regression gate
+2      usage error (unknown option, missing argument; argparse's own code)
+3      a config string PyTorch would reject (unknown key, bad value, bad separator)
+4      a trace file that cannot be read: missing, empty, truncated, corrupt, hostile (pickle
+       globals), wrong types, absurd sizes
+5      a trace that was read but cannot be simulated: unknown device type, no events for the
+       chosen device, too many streams, an unknown profile or policy
+6      an impossible capacity: ``--cap`` smaller than the trace's largest allocation
+7      an optional dependency is missing (``plot`` needs matplotlib: ``pip install
+       'accel-graph[plot]'``)
+70     an internal error (a bug: please report it with the command line)
+=====  ==========================================================================================
+
+Errors print one line, ``accel-alloc COMMAND: error: ...``, on stderr; nothing in an input file
+is ever executed (pickles go through an unpickler that refuses every global).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+__all__ = [
+    "EXIT_BAD_CONFIG",
+    "EXIT_BAD_TRACE",
+    "EXIT_CAP",
+    "EXIT_CHECK_FAILED",
+    "EXIT_INTERNAL",
+    "EXIT_MISSING_DEP",
+    "EXIT_OK",
+    "EXIT_UNSUPPORTED",
+    "EXIT_USAGE",
+    "SCHEMA_VERSION",
+    "CliError",
+    "add_json_option",
+    "add_scenario_options",
+    "add_trace_options",
+    "emit",
+    "fmt_bytes",
+    "format_table",
+    "load_input",
+    "parse_size",
+    "scenario_from_args",
+]
+
+EXIT_OK = 0
+EXIT_CHECK_FAILED = 1
+EXIT_USAGE = 2
+EXIT_BAD_CONFIG = 3
+EXIT_BAD_TRACE = 4
+EXIT_UNSUPPORTED = 5
+EXIT_CAP = 6
+EXIT_MISSING_DEP = 7
+EXIT_INTERNAL = 70
+
+#: Bumped only when a JSON field changes meaning or disappears (adding fields keeps it).
+SCHEMA_VERSION = 1
+
+
+class CliError(Exception):
+    """An error the user can fix; ``code`` is the process exit status."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+# ---------------------------------------------------------------------------------------------
+# sizes and tables
+
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20,
+          "mb": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30,
+          "t": 1 << 40, "tb": 1 << 40, "tib": 1 << 40}  # fmt: skip
+
+
+def parse_size(text: str) -> int:
+    """``"80GiB"``, ``"512m"``, ``"1073741824"`` -> bytes (binary units; ``GB`` means GiB here,
+    as in ``nvidia-smi``). Raises ``argparse.ArgumentTypeError`` with the accepted forms."""
+    t = text.strip().lower().replace("_", "")
+    num = t.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = t[len(num):].strip()
+    try:
+        value = float(num)
+    except ValueError:
+        value = -1.0
+    if unit not in _UNITS or not value > 0:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a size; write bytes or a number with a unit, e.g. 80GiB, 512MiB"
+        )
+    return int(value * _UNITS[unit])
+
+
+def fmt_bytes(n: float | int | None) -> str:
+    """Bytes as ``12.3 MiB`` (binary units); ``-`` for None."""
+    if n is None:
+        return "-"
+    v = float(n)
+    sign = "-" if v < 0 else ""
+    v = abs(v)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if v < 1024 or unit == "TiB":
+            return f"{sign}{v:.0f} {unit}" if unit == "B" else f"{sign}{v:.1f} {unit}"
+        v /= 1024
+    return f"{sign}{v:.1f} TiB"  # pragma: no cover
+
+
+def format_table(headers: Sequence[str], rows: Iterable[Sequence[Any]],
+                 align: str | None = None) -> str:
+    """A plain-text table; ``align`` is one char per column (``l``/``r``, default: text left,
+    numbers right)."""
+    body = [[str(c) for c in r] for r in rows]
+    cols = list(zip(*([list(headers)] + body), strict=False)) if body else [[h] for h in headers]
+    width = [max(len(c) for c in col) for col in cols]
+    if align is None:
+        align = "".join("r" if body and all(_numeric(r[i]) for r in body) else "l"
+                        for i in range(len(headers)))
+
+    def line(cells: Sequence[str]) -> str:
+        out = [c.rjust(w) if a == "r" else c.ljust(w)
+               for c, w, a in zip(cells, width, align, strict=False)]
+        return "  ".join(out).rstrip()
+
+    sep = "  ".join("-" * w for w in width)
+    return "\n".join([line(list(headers)), sep] + [line(r) for r in body])
+
+
+def _numeric(cell: str) -> bool:
+    head = cell.split(" ")[0].replace(",", "").replace("%", "").lstrip("+-x")
+    try:
+        float(head)
+    except ValueError:
+        return cell == "-"
+    return True
+
+
+# ---------------------------------------------------------------------------------------------
+# options shared by commands
+
+
+def add_json_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON document (schema in docs/accel-alloc.md) instead of text")
+
+
+def add_trace_options(parser: argparse.ArgumentParser, *, nargs: str | None = None) -> None:
+    """``TRACE`` plus ``--device-type`` and ``--device``."""
+    if nargs is None:
+        parser.add_argument("trace", metavar="TRACE",
+                            help="snapshot pickle (dict or legacy list; CUDA, ROCm, XPU, NPU), "
+                            "accel-graph JSON or compact trace, or RMM logging CSV")
+    parser.add_argument("--device-type", choices=("cuda", "rocm", "xpu", "npu"), default=None,
+                        help="override the device type the file says or implies")
+    parser.add_argument("--device", type=int, default=None, metavar="N",
+                        help="device index to use (default: the one with the most events)")
+
+
+def add_scenario_options(parser: argparse.ArgumentParser, *, config_required: bool = False,
+                         multiple_configs: bool = False) -> None:
+    """``--config``, ``--policy``, ``--profile``, ``--cap``, ``--capacity``."""
+    if multiple_configs:
+        parser.add_argument("--config", action="append", default=None, metavar="STR",
+                            help="allocator config in PYTORCH_ALLOC_CONF grammar; repeat for "
+                            "several (default: the settings the trace was recorded with)")
+    else:
+        parser.add_argument("--config", required=config_required, default=None, metavar="STR",
+                            help="allocator config in PYTORCH_ALLOC_CONF grammar, e.g. "
+                            "'expandable_segments:True,max_split_size_mb:256' (default: the "
+                            "settings the trace was recorded with)")
+    parser.add_argument("--policy", default=None, metavar="NAME",
+                        help="allocator policy to simulate: native (PyTorch's caching allocator) "
+                        "or xpu (default: the profile's)")
+    parser.add_argument("--profile", default=None, metavar="NAME",
+                        help="torch version x device profile, e.g. cuda-2.13, cuda-2.9, rocm-2.13, "
+                        "npu, xpu (default: from the trace's device type, newest torch); "
+                        "`accel-alloc simulate --list-profiles` lists them")
+    parser.add_argument("--cap", type=parse_size, default=None, metavar="BYTES",
+                        help="device memory to simulate (e.g. 80GiB): allocations beyond it "
+                        "retry, release the cache and finally fail as out-of-memory events")
+
+
+def scenario_from_args(args: argparse.Namespace, trace: Any, config: str | None = None) -> Any:
+    """A :class:`~accel_graph.allocator.whatif.Scenario` from the shared options, with every
+    user error turned into a :class:`CliError` carrying the documented exit code."""
+    from ...allocator.whatif import make_scenario
+
+    return guarded(lambda: make_scenario(
+        trace, args.config if config is None else config, policy=args.policy,
+        profile=args.profile, cap=args.cap))
+
+
+def guarded(fn: Any) -> Any:
+    """Run ``fn()`` turning the library's user errors into :class:`CliError` exit codes."""
+    from ...allocator.whatif import CapacityError, UnsupportedTraceError
+    from ...errors import ConfigError, TraceFormatError
+
+    try:
+        return fn()
+    except TraceFormatError as e:
+        raise CliError(str(e), EXIT_BAD_TRACE) from None
+    except CapacityError as e:
+        raise CliError(str(e), EXIT_CAP) from None
+    except UnsupportedTraceError as e:
+        raise CliError(str(e), EXIT_UNSUPPORTED) from None
+    except ConfigError as e:
+        raise CliError(str(e), EXIT_BAD_CONFIG) from None
+
+
+# ---------------------------------------------------------------------------------------------
+# input
+
+
+def load_input(path: str, device_type: str | None = None) -> Any:
+    """Load any supported trace file (format sniffed from the content) as a
+    :class:`~accel_graph.allocator.snapshot.Trace`. Unreadable or hostile files raise
+    :class:`CliError` with :data:`EXIT_BAD_TRACE`."""
+    from ...allocator.snapshot import load_trace
+
+    if not os.path.exists(path):
+        raise CliError(f"{path}: no such file", EXIT_BAD_TRACE)
+    if os.path.isdir(path):
+        raise CliError(f"{path}: is a directory; pass a trace file", EXIT_BAD_TRACE)
+    return guarded(lambda: load_trace(path, device_type=device_type))
+
+
+def pick_device(trace: Any, device: int | None) -> int:
+    """The device index to simulate: ``device`` if it has events, else the busiest one."""
+    counts = {i: len(a) for i, a in enumerate(trace.device_traces)}
+    if device is not None:
+        if not counts.get(device):
+            have = ", ".join(str(i) for i, n in counts.items() if n) or "none"
+            raise CliError(f"the trace has no events for device {device} (devices with events: "
+                           f"{have}); pass --device with one of those", EXIT_UNSUPPORTED)
+        return device
+    if not any(counts.values()):
+        raise CliError("the trace has no allocator events on any device; record with "
+                       "torch.cuda.memory._record_memory_history() before the workload",
+                       EXIT_UNSUPPORTED)
+    return max(counts, key=lambda i: (counts[i], -i))
+
+
+# ---------------------------------------------------------------------------------------------
+# output
+
+
+def emit(args: argparse.Namespace, payload: dict[str, Any], text: str | None) -> None:
+    """Print ``payload`` as JSON with ``--json`` (keys sorted, so output is deterministic),
+    else ``text``."""
+    if getattr(args, "json", False):
+        json.dump(payload, sys.stdout, indent=2, sort_keys=True, default=_json_default)
+        sys.stdout.write("\n")
+    elif text is not None:
+        sys.stdout.write(text.rstrip("\n") + "\n")
+    sys.stdout.flush()
+
+
+def _json_default(obj: Any) -> Any:
+    try:
+        import numpy as np
+
+        if isinstance(obj, np.integer):
+            return int(obj)
+        if isinstance(obj, np.floating):
+            return float(obj)
+        if isinstance(obj, np.ndarray):
+            return obj.tolist()
+    except ImportError:  # pragma: no cover
+        pass
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+
+def warn(message: str) -> None:
+    """A warning line on stderr (never mixed into ``--json`` output on stdout)."""
+    print(f"accel-alloc: warning: {message}", file=sys.stderr)

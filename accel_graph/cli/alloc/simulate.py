@@ -1,0 +1,101 @@
+"""``accel-alloc simulate TRACE --config STR``: what the trace would have done under a config.
+
+JSON (``--json``; schema ``accel-alloc/simulate``, docs/accel-alloc.md): the scenario (config,
+profile, policy, cap, notes) and the predicted peak reserved / allocated, device mallocs and
+frees, expandable-segment maps and unmaps, retries, out-of-memory events and fragmentation at
+the peak, next to what the trace recorded.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from .common import (
+    EXIT_USAGE,
+    SCHEMA_VERSION,
+    CliError,
+    add_json_option,
+    add_scenario_options,
+    add_trace_options,
+    emit,
+    fmt_bytes,
+    format_table,
+    guarded,
+    load_input,
+    pick_device,
+    scenario_from_args,
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("trace", metavar="TRACE", nargs="?",
+                        help="trace file (snapshot pickle, accel-graph JSON/compact, RMM CSV)")
+    add_trace_options(parser, nargs="?")
+    add_scenario_options(parser)
+    parser.add_argument("--list-profiles", action="store_true",
+                        help="list the profiles (torch version x device) and exit")
+    add_json_option(parser)
+
+
+def profiles_listing() -> tuple[list[dict[str, Any]], str]:
+    from ...allocator.profiles import PROFILES
+
+    rows = []
+    for p in PROFILES.values():
+        lo, hi = p.torch_versions
+        rows.append({"name": p.name, "device": p.device, "policy": p.policy,
+                     "torch": f"{lo[0]}.{lo[1]}-{hi[0]}.{hi[1]}", "rounding": p.rounding,
+                     "notes": p.notes})
+    text = format_table(["profile", "device", "torch", "policy", "rounding"],
+                        [[r["name"], r["device"], r["torch"], r["policy"], r["rounding"]]
+                         for r in rows])
+    return rows, text
+
+
+def simulate_payload(trace: Any, args: argparse.Namespace, device: int,
+                     config: str | None = None) -> dict[str, Any]:
+    from ...allocator.replay import recorded_summary
+    from ...allocator.whatif import simulate
+
+    scenario = scenario_from_args(args, trace, config)
+    result = guarded(lambda: simulate(trace, scenario, device=device))
+    return {"predicted": result.to_json(), "recorded": recorded_summary(trace, device)}
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.list_profiles:
+        rows, text = profiles_listing()
+        emit(args, {"schema": f"accel-alloc/profiles/{SCHEMA_VERSION}", "profiles": rows}, text)
+        return 0
+    if not args.trace:
+        raise CliError("simulate needs a TRACE file (or --list-profiles)", EXIT_USAGE)
+    trace = load_input(args.trace, args.device_type)
+    device = pick_device(trace, args.device)
+    body = simulate_payload(trace, args, device)
+    payload = {"schema": f"accel-alloc/simulate/{SCHEMA_VERSION}", "trace": args.trace,
+               "device_type": trace.device_type, **body}
+    emit(args, payload, render(payload))
+    return 0
+
+
+def render(payload: dict[str, Any]) -> str:
+    p, r = payload["predicted"], payload["recorded"]
+    rows = [
+        ["peak reserved", fmt_bytes(p["peak_reserved"]), fmt_bytes(r["peak_reserved"])],
+        ["peak allocated", fmt_bytes(p["peak_allocated"]), "-"],
+        ["final reserved", fmt_bytes(p["final_reserved"]), fmt_bytes(r["final_reserved"])],
+        ["device mallocs (segment_alloc)", p["device_mallocs"], r["segment_alloc"]],
+        ["device frees (segment_free)", p["device_frees"], r["segment_free"]],
+        ["expandable maps", p["segment_maps"], r["segment_map"]],
+        ["expandable unmaps", p["segment_unmaps"], r["segment_unmap"]],
+        ["allocation retries", p["retries"], "-"],
+        ["out-of-memory events", p["ooms"], "-"],
+        ["fragmentation at peak", f"{100 * p['fragmentation_at_peak']:.1f}%", "-"],
+    ]
+    head = (f"{payload['trace']}: device {p['device']} ({payload.get('device_type') or 'unknown'}), "
+            f"config {p['label']}, profile {p['profile']}, policy {p['policy']}"
+            + (f", cap {fmt_bytes(p['cap'])}" if p["cap"] else ""))
+    lines = [head, "", format_table(["", "simulated", "recorded"], rows, align="lrr")]
+    lines += [f"note: {n}" for n in p["notes"]]
+    return "\n".join(lines)

@@ -1,0 +1,126 @@
+"""``accel-alloc validate TRACE``: replay under the recorded settings, compare with the recording.
+
+The error reported here (segment allocations, frees, maps, unmaps, the sizes of the segments
+allocated, peak and final reserved) is the accuracy to expect from every other answer about
+this trace. ``--max-error PCT`` turns it into a gate: exit status 1 when the peak-reserved
+error exceeds PCT percent.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import numpy as np
+
+from .common import (
+    EXIT_CHECK_FAILED,
+    SCHEMA_VERSION,
+    add_json_option,
+    add_trace_options,
+    emit,
+    fmt_bytes,
+    format_table,
+    guarded,
+    load_input,
+    pick_device,
+)
+
+_COUNTS = ("segment_alloc", "segment_free", "segment_map", "segment_unmap")
+_BYTES = ("peak_reserved", "final_reserved")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_trace_options(parser)
+    parser.add_argument("--profile", default=None, metavar="NAME",
+                        help="profile to validate under (default: from the trace's device type)")
+    parser.add_argument("--max-error", type=float, default=None, metavar="PCT",
+                        help="exit 1 when |peak reserved error| exceeds PCT percent")
+    add_json_option(parser)
+
+
+def _segment_sizes(trace: Any, device: int, replayed: np.ndarray) -> dict[str, Any]:
+    from ...allocator.trace import ACTION_CODE
+
+    codes = (ACTION_CODE["segment_alloc"], ACTION_CODE["segment_map"])
+    ev = trace.events(device)
+    rec = ev["size"][np.isin(ev["action"], codes)].astype(np.int64)
+    sim = replayed["size"][np.isin(replayed["action"], codes)].astype(np.int64)
+    n = min(len(rec), len(sim))
+    in_order = int((rec[:n] == sim[:n]).sum())
+    # multiset agreement: sizes present in both, with multiplicity
+    rv, rc = np.unique(rec, return_counts=True)
+    sv, sc = np.unique(sim, return_counts=True)
+    common, ri, si = np.intersect1d(rv, sv, return_indices=True)
+    matched = int(np.minimum(rc[ri], sc[si]).sum()) if len(common) else 0
+    denom = max(len(rec), len(sim), 1)
+    return {"recorded": len(rec), "simulated": len(sim), "equal_in_order": in_order,
+            "equal_as_multiset": matched, "match_fraction": round(matched / denom, 6)}
+
+
+def validate_payload(trace: Any, device: int, profile: str | None) -> dict[str, Any]:
+    from ...allocator.replay import recorded_summary
+    from ...allocator.whatif import make_scenario, simulate
+
+    scenario = guarded(lambda: make_scenario(trace, None, profile=profile, device=device))
+    result = guarded(lambda: simulate(trace, scenario, device=device))
+    sim = result.to_json()
+    rec = recorded_summary(trace, device)
+    pairs = {"segment_alloc": "device_mallocs", "segment_free": "device_frees",
+             "segment_map": "segment_maps", "segment_unmap": "segment_unmaps",
+             "peak_reserved": "peak_reserved", "final_reserved": "final_reserved"}
+    metrics = {}
+    for key, skey in pairs.items():
+        s, r = int(sim[skey]), int(rec[key])
+        metrics[key] = {"simulated": s, "recorded": r, "error": s - r,
+                        "relative_error": round((s - r) / r, 6) if r else (0.0 if s == 0 else None)}
+    return {
+        "scenario": scenario.describe(),
+        "device": device,
+        "start_reserved": {"simulated": result.start_reserved, "recorded": rec["start_reserved"]},
+        "metrics": metrics,
+        "segment_sizes": _segment_sizes(trace, device, result.replay.segment_events),
+        "exact": all(m["error"] == 0 for m in metrics.values()),
+        "notes": sim["notes"],
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    trace = load_input(args.trace, args.device_type)
+    device = pick_device(trace, args.device)
+    body = validate_payload(trace, device, args.profile)
+    peak = body["metrics"]["peak_reserved"]
+    rel = peak["relative_error"] or 0.0
+    failed = args.max_error is not None and abs(rel) * 100 > args.max_error
+    payload = {"schema": f"accel-alloc/validate/{SCHEMA_VERSION}", "trace": args.trace,
+               "device_type": trace.device_type, **body,
+               "max_error_pct": args.max_error, "passed": not failed}
+    emit(args, payload, render(payload))
+    return EXIT_CHECK_FAILED if failed else 0
+
+
+def render(payload: dict[str, Any]) -> str:
+    rows = []
+    for key, m in payload["metrics"].items():
+        fmt = fmt_bytes if key in _BYTES else str
+        rel = m["relative_error"]
+        rows.append([key, fmt(m["simulated"]), fmt(m["recorded"]),
+                     (fmt_bytes(m["error"]) if key in _BYTES else f"{m['error']:+d}"),
+                     "-" if rel is None else f"{100 * rel:+.2f}%"])
+    sz = payload["segment_sizes"]
+    sc = payload["scenario"]
+    lines = [
+        f"{payload['trace']}: device {payload['device']} ({payload.get('device_type') or 'unknown'}), "
+        f"recorded settings {sc['label']}, profile {sc['profile']}",
+        "",
+        format_table(["metric", "simulated", "recorded", "error", "relative"], rows, align="lrrrr"),
+        "",
+        f"segment sizes: {sz['equal_in_order']} of {sz['recorded']} recorded equal in order, "
+        f"{sz['equal_as_multiset']} as a multiset (simulated {sz['simulated']})",
+        "verdict: " + ("exact" if payload["exact"] else "differs (see the error column)")
+        + ("" if payload["max_error_pct"] is None else
+           f"; gate {payload['max_error_pct']}% on peak reserved: "
+           + ("passed" if payload["passed"] else "FAILED")),
+    ]
+    lines += [f"note: {n}" for n in payload["notes"]]
+    return "\n".join(lines)
