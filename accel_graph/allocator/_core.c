@@ -768,7 +768,7 @@ static inline uint32_t divisions_for(const ag_settings *s, uint64_t size) {
     return s->roundup_power2_divisions[i];
 }
 
-uint64_t ag_round_size(const ag_settings *s, uint64_t size) {
+static inline uint64_t round_base(const ag_settings *s, uint64_t size) {
     if (size < KMIN_BLOCK) return KMIN_BLOCK;
     if (s->policy == AG_POLICY_NATIVE) {
         uint32_t d = divisions_for(s, size);
@@ -776,6 +776,9 @@ uint64_t ag_round_size(const ag_settings *s, uint64_t size) {
     }
     return (size + KMIN_BLOCK - 1) / KMIN_BLOCK * KMIN_BLOCK;
 }
+
+/* torch's round_size; round_extra is added first (torch_npu adds 32 bytes before rounding) */
+uint64_t ag_round_size(const ag_settings *s, uint64_t size) { return round_base(s, size + s->round_extra); }
 
 uint64_t ag_allocation_size(const ag_settings *s, uint64_t size) {
     if (size <= KSMALL_SIZE) return KSMALL_BUFFER;
@@ -1051,7 +1054,8 @@ static int get_free_block(ag_engine *e, params *p) {
             if (!b || b->stream != p->stream) return 0;
         }
     }
-    if (max_split_on(e)) {
+    /* torch 2.9-2.11 did not apply the oversize rules to expandable blocks (pytorch#193400) */
+    if (max_split_on(e) && (e->s.expandable_oversize_rule || !b->seg->expandable)) {
         uint64_t ms = e->s.max_split_size;
         /* large cached blocks are kept for large requests */
         if (p->size < ms && b->size >= ms) return 0;
@@ -1773,6 +1777,7 @@ static int im_replay(ag_engine *e, const ag_op *ops, int64_t n, uint64_t *slots,
         case AG_OP_BEGIN_POOL: r = im_begin_allocate_to_pool(e, o->id, o->stream); break;
         case AG_OP_END_POOL: r = im_end_allocate_to_pool(e, o->id); break;
         case AG_OP_RELEASE_POOL: r = im_release_pool(e, o->id); break;
+        case AG_OP_RESET_PEAK_STATS: im_reset_peak_stats(e); break;
         default:
             r = fail(e, AG_ERR_INVALID, "op %lld: unknown opcode %d", (long long)i, o->op);
             goto out;
@@ -1808,6 +1813,10 @@ static int validate(const ag_settings *s, char *err, size_t errlen) {
     if (s->max_split_size < s->large_segment_size) {
         snprintf(err, errlen, "max_split_size must be >= large_segment_size (%llu), got %llu",
                  (unsigned long long)s->large_segment_size, (unsigned long long)s->max_split_size);
+        return AG_ERR_INVALID;
+    }
+    if (s->round_extra > (1ULL << 30)) {
+        snprintf(err, errlen, "round_extra must be at most 1 GiB, got %llu", (unsigned long long)s->round_extra);
         return AG_ERR_INVALID;
     }
     for (int i = 0; i < 16; i++) {

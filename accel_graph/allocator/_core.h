@@ -64,7 +64,8 @@ enum {
     AG_OP_BEGIN_POOL = 6,     /* id = pool id, stream = filter (-1: every stream) */
     AG_OP_END_POOL = 7,       /* id = pool id */
     AG_OP_RELEASE_POOL = 8,   /* id = pool id */
-    AG_OP_MALLOC_POOL = 9     /* like MALLOC, into the private pool given as size2 */
+    AG_OP_MALLOC_POOL = 9,    /* like MALLOC, into the private pool given as size2 */
+    AG_OP_RESET_PEAK_STATS = 10 /* like ag_reset_peak_stats (e.g. after a replay prologue) */
 };
 
 typedef struct {
@@ -80,6 +81,10 @@ typedef struct {
     int32_t device_kind;              /* device upstream: 0 = CUDA runtime, 1 = HIP */
     uint64_t cap;                     /* 0: no cap; else the upstream refuses to hold more */
     uint64_t capacity;                /* total device memory; 0: derive (cap, host RAM, driver) */
+    uint64_t round_extra;             /* bytes added to a request before rounding (torch_npu: 32) */
+    int32_t expandable_oversize_rule; /* 1: get_free_block applies the max_split oversize rules
+                                       * to blocks of expandable segments (torch >= 2.12,
+                                       * pytorch#193400); 0: it skips them (torch 2.9-2.11) */
 } ag_settings;
 
 typedef struct {

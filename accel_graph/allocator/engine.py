@@ -29,11 +29,11 @@ from typing import Any
 
 import numpy as np
 
+from .. import errors as _errors
 from ..errors import (
     AccelGraphError,
     BackendUnavailable,
     ConfigError,
-    OutOfMemoryError,
     PoolError,
 )
 from .stats import memory_stats_dict, oom_message, snapshot_segments
@@ -67,6 +67,7 @@ OP = {
     "end_pool": 7,
     "release_pool": 8,
     "malloc_pool": 9,
+    "reset_peak_stats": 10,
 }
 #: numpy layouts of ``ag_event`` and ``ag_op`` (kept in step with _core.h; a test checks sizes).
 EVENT_FIELDS = [
@@ -126,6 +127,12 @@ class EngineSettings:
       address range; ``None`` = ``cap``, else host RAM or the driver's figure.
     - ``device_kind`` and ``device_libs``: which runtime the device upstream loads, and the
       library names or paths to try (default: the usual sonames).
+    - ``round_extra``: bytes added to every request before rounding (torch_npu adds 32:
+      block = ceil((size + 32) / 512) * 512, and roundup_power2_divisions sees size + 32).
+      The requested size recorded in stats and events stays the caller's.
+    - ``expandable_oversize_rule``: ``get_free_block`` applies the ``max_split_size`` oversize
+      rules to cached blocks of expandable segments too (torch >= 2.12, the behaviour behind
+      pytorch#193400). False: torch 2.9-2.11, where those blocks are reused freely.
     """
 
     max_split_size: int | None = None
@@ -139,6 +146,8 @@ class EngineSettings:
     capacity: int | None = None
     device_kind: str = "cuda"
     device_libs: tuple[str, ...] = field(default=())
+    round_extra: int = 0
+    expandable_oversize_rule: bool = True
 
     def divisions(self) -> tuple[int, ...]:
         """The 16 per-interval division counts."""
@@ -206,6 +215,8 @@ def _fill_settings(ffi: Any, s: EngineSettings, policy: str, upstream: str) -> A
     c.device_kind = 1 if s.device_kind == "hip" else 0
     c.cap = _nonneg("cap", s.cap, 0)
     c.capacity = _nonneg("capacity", s.capacity, 0)
+    c.round_extra = _nonneg("round_extra", s.round_extra, 0)
+    c.expandable_oversize_rule = 1 if s.expandable_oversize_rule else 0
     return c
 
 
@@ -229,7 +240,7 @@ def _check(rc: int, engine: Engine | None = None, message: str | None = None) ->
             info = core.ffi.new("ag_oom_info *")
             lib.ag_last_oom(engine._e, info)
             message = oom_message(info, engine.device_name, engine.device_index, engine._conf_var)
-        raise OutOfMemoryError(message)
+        raise _errors.OutOfMemoryError(message)
     if rc in (lib.AG_ERR_INVALID, lib.AG_ERR_BAD_PTR, lib.AG_ERR_UNSUPPORTED):
         raise ConfigError(message)
     if rc == lib.AG_ERR_POOL:

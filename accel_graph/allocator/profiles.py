@@ -2,9 +2,10 @@
 
 A :class:`Profile` names one behaviour set: which torch versions and which device it covers, the
 engine policy that simulates it (``"native"`` or ``"xpu"``), how requests are rounded (a rounding
-rule id, applied in Python by :func:`round_request`), which ``PYTORCH_*_ALLOC_CONF`` keys that
-build honours, and behaviour flags. Where the C engine would need a flag it does not expose, the
-profile's ``notes`` say so: the engine implements torch 2.13 CUDA (and the XPU policy) only.
+rule id: :func:`round_request` in Python, ``EngineSettings.round_extra`` / the ``xpu`` policy in
+the engine; a test keeps the two equal), which ``PYTORCH_*_ALLOC_CONF`` keys that build honours,
+and behaviour flags. ``replay.apply_profile`` turns a profile into engine settings; where the C
+engine has no flag for a field, the profile's ``notes`` say so.
 
 Sources: shared/reference/allocator-semantics.md sections 3.1 (NPU rounding), 4.2-4.4 (version
 sensitivity, pytorch#193400, #161139, PR #160666) and torch-internals.md section 4 (constants,
@@ -28,6 +29,7 @@ __all__ = [
     "Profile",
     "get_profile",
     "profile_for",
+    "resolve_profile",
     "round_request",
     "round_requests",
 ]
@@ -95,6 +97,9 @@ class Profile:
     throw_on_cudamalloc_oom: bool = True
     #: expandable-segment page size of the large pool (bytes); small pool pages are 2 MiB.
     es_page_size: int = 20 * MIB
+    #: large (> 1 MiB) blocks of expandable segments start on multiples of this (measured on
+    #: torch_npu: 16 KiB; docs/allocator-fidelity.md item 2). 512 = no extra alignment.
+    expandable_large_align: int = 512
     notes: str = ""
     references: tuple[str, ...] = field(default=())
 
@@ -124,14 +129,15 @@ def round_request(size: int, profile: Profile | str, divisions: int = 0) -> int:
     interval (CUDA/ROCm only; ignored where the profile does not apply it).
 
     NPU: ``ceil((size + 32) / 512) * 512`` -- a 16 KiB request becomes 16.5 KiB and a 1 MiB
-    request becomes 1 MiB + 512, which therefore goes to the large pool. A replay can pre-round
-    requested sizes with this and then run the engine's CUDA rounding (a no-op on 512 multiples).
+    request becomes 1 MiB + 512, which therefore goes to the large pool. With ``divisions`` the
+    32 bytes are added first and the CUDA rule applies to ``size + 32``. The engine does the same
+    with ``EngineSettings(round_extra=32)`` (tests/allocator/test_profiles.py checks they agree).
     """
-    p = get_profile(profile) if isinstance(profile, str) else profile
+    p = resolve_profile(profile)
     if size <= 0:
         raise ValueError(f"size must be > 0, got {size}")
     if p.rounding == "npu":
-        return -(-(size + 32) // KMIN) * KMIN
+        return _round_cuda(size + NPU_ROUND_EXTRA, divisions if p.roundup_applied else 0)
     if p.rounding == "xpu" or not p.roundup_applied:
         return max(KMIN, -(-size // KMIN) * KMIN)
     return _round_cuda(size, divisions)
@@ -140,15 +146,19 @@ def round_request(size: int, profile: Profile | str, divisions: int = 0) -> int:
 def round_requests(sizes: Any, profile: Profile | str, divisions: int = 0) -> np.ndarray:
     """:func:`round_request` over an array of sizes (int64 out), vectorised except for CUDA
     with ``divisions`` > 1, which loops."""
-    p = get_profile(profile) if isinstance(profile, str) else profile
+    p = resolve_profile(profile)
     s = np.asarray(sizes, dtype=np.int64)
     if s.size and int(s.min()) <= 0:
         raise ValueError("sizes must be > 0")
     if p.rounding == "npu":
-        return ((s + 32 + KMIN - 1) // KMIN) * KMIN
+        s = s + NPU_ROUND_EXTRA
     if p.rounding == "xpu" or not p.roundup_applied or divisions <= 1:
         return np.maximum(KMIN, ((s + KMIN - 1) // KMIN) * KMIN)
     return np.array([_round_cuda(int(x), divisions) for x in s.ravel()], np.int64).reshape(s.shape)
+
+
+#: bytes torch_npu adds to a request before rounding (``EngineSettings.round_extra``).
+NPU_ROUND_EXTRA = 32
 
 
 _ES_NOTE = (
@@ -160,6 +170,9 @@ _ENGINE_213 = "The C engine implements this behaviour (torch 2.13 CUDA). "
 _ENGINE_FLAG = (
     "The C engine has no flag for {what}; it always simulates the 2.13 behaviour, so replays "
     "under this profile differ there. "
+)
+_ENGINE_ES_FLAG = (
+    "The engine simulates this with EngineSettings(expandable_oversize_rule=False). "
 )
 
 PROFILES: dict[str, Profile] = {}
@@ -189,10 +202,8 @@ _add(
             "last_index instead of last_index+1 (torch-internals.md section 4); the exact release is "
             "not pinned down. No throw_on_cudamalloc_oom / pinned_free_catch_all (2.13+). "
             "2.9 -> 2.10 increased start-up fragmentation under vLLM (vllm#41158); not modelled. "
-            + _ENGINE_FLAG.format(
-                what="max_split_blocks_expandable_reuse=False or the old '>' fill; "
-                "the oversize rule on expandable blocks is always applied"
-            )
+            + _ENGINE_ES_FLAG
+            + _ENGINE_FLAG.format(what="the old '>' fill (a config-parsing difference)")
         ),
         references=(
             "pytorch/pytorch#193400",
@@ -241,7 +252,8 @@ _add(
         notes=(
             "What-if profile for builds where roundup_power2_divisions is not applied (PR #160666's "
             "backed-out AcceleratorAllocatorConfig refactor; #161139: value 1 effectively ignored). "
-            "Use round_request to pre-round, and run the engine with divisions 0."
+            "replay_trace under this profile runs the engine with divisions 0 (round_request "
+            "agrees)."
         ),
         references=("pytorch/pytorch#160666", "pytorch/pytorch#161139"),
     )
@@ -285,13 +297,15 @@ _add(
         settings_keys=_CORE_KEYS | {"base_addr_aligned_kb", "page_size", "segment_size_mb"},
         max_split_blocks_expandable_reuse=False,
         throw_on_cudamalloc_oom=False,
+        expandable_large_align=16 * 1024,
         notes=(
             "Ascend torch_npu (measured on torch 2.6 fixtures): block size = ceil((request + 32) / "
             "512) * 512 (a multiple of 512 comes out 512 bytes bigger; 1 MiB requests land in the "
             "large pool). Segments: 2 MiB small, ceil(size/2 MiB) large (18-42 MiB seen), 20 MiB "
-            "expandable pages. The engine has no NPU rounding flag: pre-round requests with "
-            "round_request(size, 'npu'). Read with PYTORCH_NPU_ALLOC_CONF; max_split_size_mb must be "
-            "> 20. Whether torch_npu has the pytorch#193400 behaviour is unknown (flag False is a guess)."
+            "expandable pages; large blocks of expandable segments 16 KiB-aligned (measured, "
+            "rule partly unexplained). The engine rounds with EngineSettings(round_extra=32). "
+            "Read with PYTORCH_NPU_ALLOC_CONF; max_split_size_mb must be > 20. Whether torch_npu "
+            "has the pytorch#193400 behaviour is unknown (flag False is a guess)."
         ),
         references=("allocator-semantics.md 3.1", "shared/traces/npu", "codeasier/MemSnapDump"),
     )
@@ -318,6 +332,27 @@ _add(
 #: Newest profile per device, used by profile_for when several cover a version.
 _DEFAULT_ORDER = ("cuda-2.13", "cuda-2.12", "cuda-2.9", "rocm-2.13", "npu", "xpu")
 _DEVICE_ALIASES = {"cuda": "cuda", "rocm": "rocm", "hip": "rocm", "npu": "npu", "xpu": "xpu"}
+
+
+#: The version that picks a device's newest profile (see resolve_profile).
+NEWEST = (2, 99)
+
+
+def resolve_profile(profile: Profile | str | None, device_type: str | None = None) -> Profile:
+    """A :class:`Profile` from a profile, a profile name (``"cuda-2.9"``, ``"rocm-6"``), or a
+    device name (``"cuda"``, ``"rocm"``/``"hip"``, ``"npu"``, ``"xpu"``: that device's newest
+    profile). ``None`` takes the device from ``device_type`` (default ``"cuda"``).
+    Raises KeyError naming the known profiles and devices."""
+    if isinstance(profile, Profile):
+        return profile
+    name = profile if profile is not None else (device_type or "cuda")
+    if name in PROFILES:
+        return PROFILES[name]
+    dev = _DEVICE_ALIASES.get(str(name).lower())
+    if dev is None:
+        raise KeyError(f"unknown profile or device {name!r}; profiles: "
+                       f"{', '.join(sorted(PROFILES))}; devices: {', '.join(_DEVICE_ALIASES)}")
+    return profile_for(NEWEST, dev)
 
 
 def get_profile(name: str) -> Profile:

@@ -7,8 +7,9 @@ rebuilds the allocator state at the trace's start when the recording began mid-r
 
 Mapping (see docs/allocator-fidelity.md):
 
-- ``alloc`` -> ``malloc`` of the requested size (pre-rounded in Python for the ``npu`` profile,
-  see :func:`profile_round`), into a fresh slot per allocation;
+- ``alloc`` -> ``malloc`` of the requested size into a fresh slot per allocation (the engine
+  rounds it as the profile's device does: ``EngineSettings.round_extra``, the ``xpu`` policy),
+  or ``malloc_pool`` into an engine private pool when the event's ``pool`` is nonzero;
 - ``free_completed`` -> ``free`` of the slot allocated last at that address (``free_requested``
   is ignored: the engine completes cross-stream frees itself, and the real trace's completion
   time is the ``free_completed`` event);
@@ -18,27 +19,30 @@ Mapping (see docs/allocator-fidelity.md):
 - frees of addresses never allocated in the trace, and active blocks of the final segments
   never touched by the trace, are the pre-existing state: allocated in the prologue in address
   order inside segments recreated with their recorded sizes.
+
+Profiles (:mod:`.profiles`): ``replay_trace(profile=...)`` simulates one torch version on one
+device; :func:`apply_profile` says which engine settings that changes, with notes.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from .config import settings_from_snapshot
 from .engine import OP, OP_DTYPE, Engine, EngineSettings
+from .profiles import NPU_ROUND_EXTRA, Profile, resolve_profile, round_requests
 from .trace import ACTION_CODE, ACTIONS
 
 __all__ = [
-    "PROFILES",
     "ReplayResult",
+    "apply_profile",
     "build_ops",
     "empty_cache_positions",
     "infer_empty_cache",
     "infer_start_state",
-    "profile_round",
     "recorded_summary",
     "replay_trace",
 ]
@@ -53,24 +57,66 @@ A_MAP = ACTION_CODE["segment_map"]
 A_UNMAP = ACTION_CODE["segment_unmap"]
 SEGMENT_ACTIONS = (A_SEG_ALLOC, A_SEG_FREE, A_MAP, A_UNMAP)
 
-#: Device profiles: how the device's allocator rounds a request before torch's own rules.
-#: ``npu``: torch_npu adds 32 bytes and rounds up to 512 (measured on the Ascend traces: every
-#: block is ``ceil((requested + 32) / 512) * 512``, so a request that is a multiple of 512 comes
-#: out 512 bytes bigger). The engine has no such rule; sizes are pre-rounded in Python.
-PROFILES: dict[str, int] = {"cuda": 0, "rocm": 0, "xpu": 0, "npu": 32}
-#: Ascend NPU, expandable segments: large blocks start on 16 KiB boundaries (measured).
-NPU_EXPANDABLE_LARGE_ALIGN = 16 * 1024
 
+def apply_profile(settings: EngineSettings, profile: Profile | str | None,
+                  policy: str | None = None) -> tuple[EngineSettings, str, list[str]]:
+    """Engine settings and policy that simulate ``profile`` (a :class:`Profile`, a profile
+    name, or a device name) with the allocator ``settings`` the user asked for.
 
-def profile_round(sizes: Any, profile: str | None) -> np.ndarray:
-    """Requested sizes as the device's allocator sees them (int64 array)."""
-    s = np.asarray(sizes, dtype=np.int64)
-    extra = PROFILES.get(profile or "cuda")
-    if extra is None:
-        raise ValueError(f"unknown device profile {profile!r}; known: {', '.join(PROFILES)}")
-    if not extra:
-        return s
-    return ((s + extra + 511) // 512) * 512
+    Returns ``(settings, policy, notes)``; ``notes`` are human-readable lines saying what the
+    profile changed or what the engine cannot model. Applied: the engine policy (unless
+    ``policy`` is given), rounding (``round_extra``; ``roundup_power2_divisions`` forced to 0
+    where the build ignores it), expandable segments where the build has none, the
+    pytorch#193400 oversize rule (``expandable_oversize_rule``), and ``large_segment_size``
+    fixed at the build's value where ``large_segment_size_mb`` is not honoured.
+    """
+    p = resolve_profile(profile)
+    notes: list[str] = []
+    pol = policy or p.policy
+    if policy and policy != p.policy:
+        notes.append(f"policy {policy!r} given explicitly; profile {p.name} uses {p.policy!r}")
+    ch: dict[str, Any] = {}
+    divs = settings.divisions()
+    if p.rounding == "npu":
+        ch["round_extra"] = NPU_ROUND_EXTRA
+        notes.append(f"{p.name}: requests rounded as ceil((size + {NPU_ROUND_EXTRA}) / 512) * 512")
+    elif settings.round_extra:
+        ch["round_extra"] = 0
+    if any(divs) and (p.rounding == "xpu" or pol == "xpu" or not p.roundup_applied):
+        ch["roundup_power2_divisions"] = 0
+        notes.append(f"{p.name}: roundup_power2_divisions is not applied by this build; "
+                     "simulated as 0")
+    elif any(divs) and not p.roundup_gt_fills_after_last:
+        notes.append(f"{p.name}: an older revision filled the roundup_power2_divisions '>' entry "
+                     "from its own interval; the divisions are simulated as parsed")
+    es = settings.expandable_segments and p.expandable_segments
+    if settings.expandable_segments and not p.expandable_segments:
+        ch["expandable_segments"] = False
+        notes.append(f"{p.name}: expandable_segments:True is not available on this build "
+                     "(torch warns and ignores it); simulated off")
+    ch["expandable_oversize_rule"] = bool(p.max_split_blocks_expandable_reuse)
+    if es and settings.max_split_size is not None and pol == "native":
+        notes.append(
+            f"{p.name}: max_split_size_mb with expandable segments: cached expandable blocks "
+            + ("at or above max_split_size are kept from smaller requests (pytorch#193400; "
+               "reserved can grow)" if p.max_split_blocks_expandable_reuse else
+               "are reused regardless of max_split_size (torch 2.9-2.11 behaviour)"))
+    if pol == "xpu" and settings.max_split_size is not None:
+        notes.append(f"{p.name}: the xpu policy has no max_split_size rules; ignored")
+    if ("large_segment_size_mb" not in p.settings_keys
+            and settings.large_segment_size != p.large_segment_size):
+        ch["large_segment_size"] = p.large_segment_size
+        if settings.max_non_split_rounding_size == settings.large_segment_size:
+            ch["max_non_split_rounding_size"] = None
+        notes.append(f"{p.name}: large_segment_size_mb is not honoured by this build; "
+                     f"kept at {p.large_segment_size // MIB} MiB")
+    if es and p.es_page_size != (ch.get("large_segment_size") or settings.large_segment_size):
+        notes.append(f"{p.name}: expandable large-pool page {p.es_page_size // MIB} MiB not "
+                     "modelled; the engine maps large_segment_size pages")
+    if es and p.expandable_large_align > 512:
+        notes.append(f"{p.name}: large blocks of expandable segments padded to "
+                     f"{p.expandable_large_align // 1024} KiB (measured; rule not fully known)")
+    return replace(settings, **ch), pol, notes
 
 
 @dataclass
@@ -92,10 +138,36 @@ class ReplayResult:
     replay_seconds: float = 0.0
     inferred_empty_cache: int = 0
     layout: list[dict[str, Any]] = field(default_factory=list)
+    #: peaks over the trace (the prologue excluded, the start state included), torch's
+    #: definitions: allocated = block bytes, active = allocated + pending cross-stream frees,
+    #: requested = the callers' sizes
+    peak_allocated: int = 0
+    peak_active: int = 0
+    peak_requested: int = 0
+    #: the profile simulated (name) and what it changed or could not model
+    profile: str = ""
+    notes: list[str] = field(default_factory=list)
+    #: with keep_events=True: every engine event after the prologue (EVENT_DTYPE), and the
+    #: memory_stats() at the trace's start (after the prologue)
+    events: np.ndarray | None = None
+    start_stats: dict[str, int] | None = None
+    #: trace pool id -> engine private pool id (nonzero pools only)
+    pools: dict[int, int] = field(default_factory=dict)
 
     @property
     def segment_allocs(self) -> int:
         return self.device_mallocs
+
+    def curves(self) -> dict[str, np.ndarray]:
+        """Per engine event (needs ``keep_events=True``): ``seq``, ``reserved`` and
+        ``requested`` bytes after each event (vectorised; allocated block bytes are not in
+        the events, see ``peak_allocated``)."""
+        if self.events is None or self.start_stats is None:
+            raise ValueError("replay with keep_events=True to get curves")
+        ev = self.events
+        res, req = _curves(ev, int(self.start_stats["reserved_bytes.all.current"]),
+                           int(self.start_stats["requested_bytes.all.current"]))
+        return {"seq": ev["seq"].astype(np.int64), "reserved": res, "requested": req}
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -207,16 +279,18 @@ def _segments_at_start(trace: Any, ev: np.ndarray, device: int) -> list[tuple[in
     return sorted(out)
 
 
-def infer_start_state(trace: Any, device: int = 0, profile: str | None = None,
+def infer_start_state(trace: Any, device: int = 0, profile: Profile | str | None = None,
                       _slots: Any = None) -> dict[str, Any]:
     """The pre-existing state: ``blocks`` [(address, size)] live at the trace's start, and
-    ``segments`` [(address, size, expandable)] reserved at the start."""
+    ``segments`` [(address, size, expandable)] reserved at the start. ``profile`` (default:
+    the trace's device) rounds the freed sizes of blocks allocated before the trace."""
     ev = trace.events(device)
     _, free_idx, free_slot = _slots if _slots is not None else _alloc_slots(ev)
     orphan = free_idx[free_slot < 0]
     blocks: dict[int, int] = {}
-    sizes = (profile_round(ev["size"][orphan], profile) + 511) // 512 * 512  # torch's 512 floor
-    for a, s in zip(ev["addr"][orphan].tolist(), np.maximum(sizes, 512).tolist()):
+    prof = resolve_profile(profile, trace.device_type)
+    sizes = round_requests(np.maximum(ev["size"][orphan].astype(np.int64), 1), prof)
+    for a, s in zip(ev["addr"][orphan].tolist(), sizes.tolist()):
         blocks.setdefault(a, s)  # the first free of an address never allocated in the trace
     final = [(int(b["address"]), int(b["size"])) for s in trace.segments
              if s.get("device", device) == device for b in s.get("blocks", ())
@@ -315,27 +389,36 @@ def _prologue(state: dict[str, Any], expandable: bool,
     return arr, slot_of
 
 
-def build_ops(trace: Any, device: int = 0, profile: str | None = None,
+def build_ops(trace: Any, device: int = 0, profile: Profile | str | None = None,
               *, start_state: bool = True, expandable: bool | None = None,
-              empty_cache: Any = None) -> dict[str, Any]:
+              empty_cache: Any = None, round_extra: int | None = None) -> dict[str, Any]:
     """Convert one device's events to op arrays: ``prologue`` (start state), ``ops`` (the
-    trace), ``n_slots``, and where the ``empty_cache`` calls go.
+    trace), ``n_slots``, and where the ``empty_cache`` calls go; ``pools`` lists the trace's
+    nonzero pool ids (their ``malloc_pool`` ops name pool ``i + 1`` for ``pools[i]``: create
+    the engine pools in that order).
 
+    The ops carry the requested sizes; the engine rounds them (``round_extra``: the engine's
+    setting, default the profile's, so that prologue blocks come out at their recorded sizes).
     ``empty_cache``: None infers the calls from the trace; False drops them; an array of
     positions (see :func:`empty_cache_positions`) places them before those alloc/free events.
     """
-    if profile is None:
-        profile = trace.device_type or "cuda"
+    prof = resolve_profile(profile, trace.device_type)
+    if round_extra is None:
+        round_extra = NPU_ROUND_EXTRA if prof.rounding == "npu" else 0
     ev = trace.events(device)
     if expandable is None:
         expandable = any(s.get("is_expandable") for s in trace.segments
                          if s.get("device", device) == device)
     slots = _alloc_slots(ev)
     alloc_idx, free_idx, free_slot = slots
-    state = (infer_start_state(trace, device, profile, slots) if start_state
+    state = (infer_start_state(trace, device, prof, slots) if start_state
              else {"blocks": [], "segments": []})
-    align = NPU_EXPANDABLE_LARGE_ALIGN if profile == "npu" and expandable else 512
+    align = prof.expandable_large_align if expandable else 512
     prologue, pre_slot = _prologue(state, expandable, align)
+    if round_extra and len(prologue):
+        # prologue sizes are block sizes (multiples of 512): ask for them less the extra
+        m = prologue["op"] == OP["malloc"]
+        prologue["size"][m] = np.maximum(prologue["size"][m] - round_extra, 1)
     base = int(prologue["id"].max()) + 1 if len(prologue) else 0
     if (free_slot < 0).any():
         miss = free_idx[free_slot < 0]
@@ -365,12 +448,21 @@ def build_ops(trace: Any, device: int = 0, profile: str | None = None,
     op = np.concatenate((np.full(len(alloc_idx), OP["malloc"]),
                          np.full(int(keep_free.sum()), OP["free"]),
                          np.full(len(ec), OP["empty_cache"])))
-    sizes = profile_round(ev["size"][alloc_idx], profile)
-    if profile == "npu" and expandable:
+    sizes = np.maximum(ev["size"][alloc_idx].astype(np.int64), 1)
+    align = prof.expandable_large_align
+    if expandable and align > 512:
         # torch_npu leaves large blocks of expandable segments 16 KiB-aligned (the final
-        # segments show free fragments of 16 KiB - (size mod 16 KiB)): pad large requests
-        sizes = np.where(sizes > MIB, (sizes + NPU_EXPANDABLE_LARGE_ALIGN - 1)
-                         // NPU_EXPANDABLE_LARGE_ALIGN * NPU_EXPANDABLE_LARGE_ALIGN, sizes)
+        # segments show free fragments of 16 KiB - (size mod 16 KiB)): pad large requests so
+        # that the engine's rounding gives the padded block (requested grows by the padding)
+        r = round_requests(sizes, prof)
+        sizes = np.where(r > MIB, (r + align - 1) // align * align - round_extra, sizes)
+    pool_col = ev["pool"][alloc_idx] if "pool" in (ev.dtype.names or ()) else None
+    pools: list[int] = []
+    if pool_col is not None and pool_col.any():
+        pools, inv = np.unique(pool_col, return_inverse=True)
+        engine_pool = inv.astype(np.int64) + (0 if pools[0] == 0 else 1)
+        pools = [int(x) for x in pools if x != 0]
+        op[:len(alloc_idx)] = np.where(engine_pool > 0, OP["malloc_pool"], OP["malloc"])
     size = np.concatenate((sizes,
                            np.zeros(int(keep_free.sum()) + len(ec), np.int64)))
     ids = np.concatenate((np.arange(len(alloc_idx)) + base, free_slot[keep_free] + base,
@@ -380,9 +472,12 @@ def build_ops(trace: Any, device: int = 0, profile: str | None = None,
     order = np.argsort(key, kind="stable")
     ops["op"], ops["size"], ops["id"] = op[order], size[order], ids[order]
     ops["stream"] = st[order]
+    if pools:
+        size2 = np.concatenate((engine_pool, np.zeros(int(keep_free.sum()) + len(ec), np.int64)))
+        ops["size2"] = size2[order]
     return {"prologue": prologue, "ops": ops, "n_slots": base + len(alloc_idx),
             "n_streams": len(streams), "empty_cache_at": ec, "start_state": state,
-            "expandable": expandable, "profile": profile}
+            "expandable": expandable, "profile": prof.name, "pools": pools}
 
 
 def recorded_summary(trace: Any, device: int = 0) -> dict[str, Any]:
@@ -411,59 +506,88 @@ def recorded_summary(trace: Any, device: int = 0) -> dict[str, Any]:
 # replay
 
 
-def _frag_at_peak(events: np.ndarray, start_reserved: int, start_allocated: int) -> float:
+def _curves(events: np.ndarray, start_reserved: int,
+            start_requested: int) -> tuple[np.ndarray, np.ndarray]:
+    """Reserved and requested bytes after each event (int64 arrays)."""
     act = events["action"].astype(np.int64)
     size = events["size"].astype(np.int64)
     res = start_reserved + np.cumsum(np.select(
         [np.isin(act, (A_SEG_ALLOC, A_MAP)), np.isin(act, (A_SEG_FREE, A_UNMAP))], [size, -size], 0))
-    alloc = start_allocated + np.cumsum(np.select(
+    req = start_requested + np.cumsum(np.select(
         [act == A_ALLOC, act == A_FREE_REQ], [size, -size], 0))
+    return res, req
+
+
+def _frag_at_peak(res: np.ndarray, req: np.ndarray, start_reserved: int,
+                  start_requested: int) -> float:
     if not len(res):
-        return 0.0 if not start_reserved else 1.0 - start_allocated / start_reserved
+        return 0.0 if not start_reserved else 1.0 - start_requested / start_reserved
     i = int(np.argmax(res))
-    return float(1.0 - alloc[i] / res[i]) if res[i] else 0.0
+    return float(1.0 - req[i] / res[i]) if res[i] else 0.0
 
 
-def replay_trace(trace: Any, settings: Any = None, *, policy: str = "native", device: int = 0,
-                 profile: str | None = None, expandable: bool | None = None,
-                 empty_cache: Any = None, keep_layout: bool = False) -> ReplayResult:
+def _trace_settings(trace: Any, device: int) -> EngineSettings:
+    parsed = settings_from_snapshot(trace.allocator_settings or {},
+                                    "cuda" if trace.device_type in (None, "npu") else
+                                    trace.device_type)
+    es = EngineSettings.from_allocator_settings(parsed)
+    inferred = any(s.get("is_expandable") for s in trace.segments
+                   if s.get("device", device) == device)
+    if inferred and not es.expandable_segments:
+        es = replace(es, expandable_segments=True)
+    return es
+
+
+def replay_trace(trace: Any, settings: Any = None, *, policy: str | None = None,
+                 device: int = 0, profile: Profile | str | None = None,
+                 expandable: bool | None = None, empty_cache: Any = None,
+                 keep_layout: bool = False, keep_events: bool = False) -> ReplayResult:
     """Replay one device's trace in the engine (one C call for the whole trace).
 
     ``settings``: an :class:`EngineSettings`, a parsed ``AllocatorSettings``, or None for the
     trace's own (``settings_from_snapshot``, with ``expandable_segments`` inferred from the
     final segments' ``is_expandable``). ``expandable`` overrides ``expandable_segments``.
-    ``profile``: device profile for rounding (default: the trace's device type).
+    ``profile``: the torch version x device to simulate: a :class:`~.profiles.Profile`, a
+    profile name (``"cuda-2.9"``, ``"rocm-6"``, ``"npu"``) or a device name (``"cuda"``,
+    ``"rocm"``/``"hip"``, ``"npu"``, ``"xpu"``: its newest profile); None: the trace's device
+    type. Applied with :func:`apply_profile`; ``result.notes`` say what it changed.
+    ``policy``: the engine policy; None: the profile's.
     ``empty_cache``: as in :func:`build_ops` (None: inferred from the trace).
+    ``keep_events``: keep the engine events after the prologue and the start statistics
+    (``result.events``, ``result.start_stats``; see :meth:`ReplayResult.curves`).
     """
     import time
 
+    prof = resolve_profile(profile, trace.device_type)
     if settings is None:
-        parsed = settings_from_snapshot(trace.allocator_settings or {},
-                                        "cuda" if trace.device_type in (None, "npu") else
-                                        trace.device_type)
-        es = EngineSettings.from_allocator_settings(parsed)
-        inferred = any(s.get("is_expandable") for s in trace.segments
-                         if s.get("device", device) == device)
-        if inferred and not es.expandable_segments:
-            es = EngineSettings(**{**es.__dict__, "expandable_segments": True})
+        es = _trace_settings(trace, device)
     elif isinstance(settings, EngineSettings):
         es = settings
     else:
         es = EngineSettings.from_allocator_settings(settings)
     if expandable is not None and es.expandable_segments != expandable:
-        es = EngineSettings(**{**es.__dict__, "expandable_segments": expandable})
-    built = build_ops(trace, device, profile, expandable=es.expandable_segments,
-                      empty_cache=empty_cache)
+        es = replace(es, expandable_segments=expandable)
+    es, pol, notes = apply_profile(es, prof, policy)
+    built = build_ops(trace, device, prof, expandable=es.expandable_segments,
+                      empty_cache=empty_cache, round_extra=es.round_extra)
+    pools = built["pools"]
+    if pools:
+        notes.append(f"{len(pools)} private pool(s) from the trace's pool ids "
+                     f"({', '.join(map(str, pools[:8]))}{', ...' if len(pools) > 8 else ''}) "
+                     "replayed as engine pools that are never released")
+
     def make() -> Engine:
-        e = Engine(policy, "counting", es, streams=max(1, built["n_streams"]))
-        for _ in range(built["n_streams"] - 1):
-            e.create_stream()
+        e = Engine(pol, "counting", es, streams=max(1, built["n_streams"]))
+        for i in range(len(pools)):
+            if e.create_pool() != i + 1:  # pragma: no cover - the engine numbers pools from 1
+                raise RuntimeError("engine pool ids are not 1..n")
         return e
 
     slots = built["n_slots"]
     # Slots live in one replay call, so the prologue and the trace run as one array. A first,
     # throw-away engine runs the prologue alone to learn its events and statistics (the engine
-    # is deterministic, so they are the first events of the full run).
+    # is deterministic, so they are the first events of the full run); a reset_peak_stats op
+    # between the two makes the engine's peaks those of the trace.
     pro = make()
     pro.enable_events()
     if len(built["prologue"]):
@@ -473,7 +597,9 @@ def replay_trace(trace: Any, settings: Any = None, *, policy: str = "native", de
     pro.close()
     eng = make()
     eng.enable_events()
-    ops = np.concatenate((built["prologue"], built["ops"]))
+    reset = np.zeros(1, dtype=OP_DTYPE)
+    reset["op"] = OP["reset_peak_stats"]
+    ops = np.concatenate((built["prologue"], reset, built["ops"]))
     t0 = time.perf_counter()
     eng.replay(ops, n_slots=slots)
     dt = time.perf_counter() - t0
@@ -481,11 +607,11 @@ def replay_trace(trace: Any, settings: Any = None, *, policy: str = "native", de
     stats = eng.memory_stats()
     seg = events[np.isin(events["action"], SEGMENT_ACTIONS)]
     start_res = int(start["reserved_bytes.all.current"])
+    start_req = int(start["requested_bytes.all.current"])
+    res, req = _curves(events, start_res, start_req)
     act = seg["action"]
-    size = seg["size"].astype(np.int64)
-    res_curve = start_res + np.cumsum(np.where(np.isin(act, (A_SEG_ALLOC, A_MAP)), size, -size))
     result = ReplayResult(
-        peak_reserved=max(start_res, int(res_curve.max()) if len(res_curve) else 0),
+        peak_reserved=max(start_res, int(res.max()) if len(res) else 0),
         device_mallocs=int((act == A_SEG_ALLOC).sum()),
         device_frees=int((act == A_SEG_FREE).sum()),
         maps=int((act == A_MAP).sum()),
@@ -493,14 +619,21 @@ def replay_trace(trace: Any, settings: Any = None, *, policy: str = "native", de
         retries=int(stats["num_alloc_retries"]) - int(start["num_alloc_retries"]),
         ooms=int(stats["num_ooms"]) - int(start["num_ooms"]),
         segment_events=seg,
-        fragmentation_at_peak=_frag_at_peak(events, start_res,
-                                            int(start["requested_bytes.all.current"])),
+        fragmentation_at_peak=_frag_at_peak(res, req, start_res, start_req),
         final_stats=stats,
         start_reserved=start_res,
         n_ops=len(built["ops"]),
         replay_seconds=dt,
         inferred_empty_cache=len(built["empty_cache_at"]),
         layout=eng.layout() if keep_layout else [],
+        peak_allocated=int(stats["allocated_bytes.all.peak"]),
+        peak_active=int(stats["active_bytes.all.peak"]),
+        peak_requested=int(stats["requested_bytes.all.peak"]),
+        profile=prof.name,
+        notes=notes,
+        events=events if keep_events else None,
+        start_stats=start if keep_events else None,
+        pools={p: i + 1 for i, p in enumerate(pools)},
     )
     eng.close()
     return result

@@ -35,12 +35,12 @@ def test_start_state_of_the_twins():
 
 def test_npu_rounding_matches_final_blocks():
     t = load_trace(NPU / "snapshot_expandable.pkl")
-    from accel_graph.allocator.replay import profile_round
+    from accel_graph.allocator.profiles import round_requests
 
     for seg in t.segments:  # expandable: every block is split exactly to its rounded size
         for b in seg["blocks"]:
             if b["state"] == "active_allocated":
-                assert profile_round([b["requested_size"]], "npu")[0] == b["size"]
+                assert round_requests([b["requested_size"]], "npu")[0] == b["size"]
 
 
 def test_self_replays_exact_where_stated(table):

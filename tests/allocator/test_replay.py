@@ -11,7 +11,6 @@ from accel_graph.allocator.engine import Engine, EngineSettings
 from accel_graph.allocator.replay import (
     build_ops,
     infer_empty_cache,
-    profile_round,
     recorded_summary,
     replay_trace,
 )
@@ -91,7 +90,8 @@ def test_one_replay_call_per_trace(monkeypatch):
         calls.append(len(ops)), real(self, ops, n_slots))[1])
     replay_trace(trace)
     # one call on the throw-away prologue engine (empty here: skipped) and one for the trace
-    assert len(calls) == 1 and calls[0] == len(build_ops(trace)["ops"])
+    # (plus the reset_peak_stats op between prologue and trace)
+    assert len(calls) == 1 and calls[0] == len(build_ops(trace)["ops"]) + 1
 
 
 @pytest.mark.parametrize("expandable", [False, True])
@@ -138,12 +138,19 @@ def test_empty_cache_frames_must_name_it():
     assert len(infer_empty_cache(trace, a)) > 0
 
 
-def test_npu_profile_rounding():
-    got = profile_round([1, 8, 40, 480, 481, 512, 1024, 41943040], "npu")
-    assert got.tolist() == [512, 512, 512, 512, 1024, 1024, 1536, 41943552]
-    assert profile_round([1, 512], "cuda").tolist() == [1, 512]
-    with pytest.raises(ValueError):
-        profile_round([1], "tpu")
+def test_npu_rounding_in_the_engine():
+    """The NPU rule runs in the engine (round_extra): ops carry the requested sizes."""
+    prog = [("malloc", 40), ("malloc", 512), ("malloc", 41943040)]
+    trace, _, _ = _record(prog, EngineSettings())
+    trace.device_type = "npu"
+    b = build_ops(trace)
+    assert b["ops"]["size"].tolist() == [40, 512, 41943040]
+    r = replay_trace(trace, keep_layout=True)
+    assert r.profile == "npu"
+    sizes = sorted(blk["size"] for s in r.layout for blk in s["blocks"]
+                   if blk["state"] == "active_allocated")
+    assert sizes == [512, 1024, 41943552]
+    assert r.final_stats["requested_bytes.all.current"] == 40 + 512 + 41943040
 
 
 def test_ops_are_vectorised_and_ordered():
