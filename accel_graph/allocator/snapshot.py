@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from . import compact
+from .rmm_csv import is_rmm_csv, read_rmm_csv
 from .safe_pickle import safe_loads
 from .snapshot_io import (
     DEFAULT_LIMITS,
@@ -567,7 +568,8 @@ def load_trace(
     device_type: str | None = None,
     limits: TraceLimits = DEFAULT_LIMITS,
 ) -> Trace:
-    """Load a trace from a snapshot pickle (dict or legacy list), JSON or compact file.
+    """Load a trace from a snapshot pickle (dict or legacy list), JSON, compact file or RMM
+    ``logging_resource_adaptor`` CSV (:mod:`~accel_graph.allocator.rmm_csv`).
 
     The format is sniffed from the content, not the name. ``device_type`` overrides what the
     file says or what is inferred. Raises :class:`TraceFormatError` (a ``ValueError``) for a
@@ -590,11 +592,14 @@ def load_trace(
     if not data:
         raise TraceFormatError(f"{source}: the file is empty; re-record or re-copy it.")
     fmt = sniff_format(data[:64])
+    if fmt is None and is_rmm_csv(data[:64]):
+        events = read_rmm_csv(data, source, limits)
+        return Trace([events], [], None, device_type or "cuda")
     if fmt is None:
         if data[:2] == b"\x1f\x8b":
             raise TraceFormatError(f"{source}: gzip-compressed; decompress it first (gunzip).")
         raise TraceFormatError(
-            f"{source}: not a memory snapshot pickle, JSON trace or compact trace "
+            f"{source}: not a memory snapshot pickle, JSON trace, compact trace or RMM log CSV "
             f"(starts with {bytes(data[:8])!r})."
         )
     if fmt == "compact":

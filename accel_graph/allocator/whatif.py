@@ -124,9 +124,12 @@ def make_scenario(trace: Any, config: str | None = None, *, policy: str | None =
     """
     prof = _resolve_profile(trace, profile)
     pol = policy or prof.policy
+    notes: list[str] = []
+    if profile is None and trace.device_type is None:
+        notes.append("the trace does not say which device recorded it; simulated with the CUDA "
+                     f"profile {prof.name} (pass --device-type or --profile to choose)")
     if pol not in POLICIES:
         raise UnsupportedTraceError(f"unknown policy {pol!r}; known: {', '.join(POLICIES)}")
-    notes: list[str] = []
     settings: AllocatorSettings | None = None
     canonical: str | None = None
     if config is not None:
