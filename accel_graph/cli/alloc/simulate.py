@@ -96,6 +96,6 @@ def render(payload: dict[str, Any]) -> str:
     head = (f"{payload['trace']}: device {p['device']} ({payload.get('device_type') or 'unknown'}), "
             f"config {p['label']}, profile {p['profile']}, policy {p['policy']}"
             + (f", cap {fmt_bytes(p['cap'])}" if p["cap"] else ""))
-    lines = [head, "", format_table(["", "simulated", "recorded"], rows, align="lrr")]
+    lines = [head, "", format_table(["", "simulated", "recorded (its own settings)"], rows, align="lrr")]
     lines += [f"note: {n}" for n in p["notes"]]
     return "\n".join(lines)
