@@ -25,10 +25,11 @@ or a hang in one row cannot stop the others; the exception or the output tail is
     ``accel_graph.Graph`` is refused; and, in a second process, a swap after CUDA initialised is
     refused with our error.
 ``simulator_trace``
-    a trace recorded with torch's own recorder (``_record_memory_history`` + ``_snapshot()``) over
-    a small workload, saved to the output folder, and replayed through our simulator when
-    ``accel_graph.allocator`` offers one (segment count and reserved bytes against the real
-    allocator under the default config); otherwise the row is ``pending: simulator not built``.
+    a small workload recorded twice with torch's own recorder (``_record_memory_history`` +
+    ``_snapshot()``), from an emptied cache, under native and then expandable segments; both
+    snapshots are saved. The native trace replayed under its own settings must match the
+    recording exactly (segment events, peak and final reserved), and its expandable what-if
+    must predict the expandable recording's peak reserved within 2 %.
 
 Statuses: ``pass``, ``fail`` (ran, missed its target), ``error`` (raised, crashed or timed out),
 ``pending`` (a prerequisite is not built yet), ``skipped`` (no GPU: on a CPU-only machine every
@@ -45,7 +46,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import importlib
 import json
 import os
 import platform
@@ -75,15 +75,6 @@ TIMEOUTS = {
 }
 RATIO_TARGET = 1.05
 OVERHEAD_TARGET_US = 2.0
-#: Where a whole-trace replay function may appear once the simulator is built (module, attr).
-SIMULATOR_CANDIDATES = (
-    ("accel_graph.allocator", "replay"),
-    ("accel_graph.allocator", "simulate"),
-    ("accel_graph.allocator.simulator", "replay"),
-    ("accel_graph.allocator.simulator", "simulate"),
-    ("accel_graph.allocator.simulate", "simulate"),
-    ("accel_graph.allocator.replay", "replay"),
-)
 
 
 def _row(status: str, summary: str, **details: Any) -> dict[str, Any]:
@@ -547,19 +538,6 @@ def child_plugin_swap_after_init(out: Path, iters: int) -> dict[str, Any]:
     return _row("fail", "swap after CUDA init was NOT refused")
 
 
-def find_simulator() -> tuple[str, Callable[..., Any]] | None:
-    """The whole-trace replay function of ``accel_graph.allocator``, once it exists."""
-    for module_name, attr in SIMULATOR_CANDIDATES:
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError:
-            continue
-        fn = getattr(module, attr, None)
-        if callable(fn) and not isinstance(fn, type(importlib)):
-            return f"{module_name}.{attr}", fn
-    return None
-
-
 def _workload(torch: Any) -> list[Any]:
     """A small deterministic allocation pattern: small and large blocks, frees, reuse, a matmul."""
     keep = []
@@ -579,52 +557,67 @@ def _workload(torch: Any) -> list[Any]:
     return keep  # alive until the snapshot is taken
 
 
-def child_simulator_trace(out: Path, iters: int) -> dict[str, Any]:
+def _record(torch: Any, out: Path, name: str) -> Path:
+    """Record ``_workload`` from an emptied cache and save torch's snapshot as ``name``."""
     import pickle
 
-    import torch
-
-    torch.cuda.memory._record_memory_history(max_entries=1_000_000)
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    torch.cuda.memory._record_memory_history(max_entries=1_000_000, clear_history=True)
     keep = _workload(torch)
     snap = torch.cuda.memory._snapshot()
     del keep
     torch.cuda.memory._record_memory_history(enabled=None)
-    path = out / "torch_snapshot.pickle"
+    path = out / name
     with open(path, "wb") as f:
         pickle.dump(snap, f)
-    segs = [s for s in snap["segments"] if s.get("device", 0) == 0]
-    stats = torch.cuda.memory_stats(0)
-    real = {
-        "segments": len(segs),
-        "reserved_bytes": sum(int(s["total_size"]) for s in segs),
-        "memory_stats_segments": stats["segment.all.current"],
-        "memory_stats_reserved_bytes": stats["reserved_bytes.all.current"],
-        "trace_events": sum(len(t) for t in snap.get("device_traces", [])),
-    }
-    found = find_simulator()
-    if found is None:
-        return _row("pending", f"pending: simulator not built; torch snapshot saved to {path}",
-                    snapshot=str(path), real=real)  # fmt: skip
-    name, fn = found
+    return path
+
+
+def child_simulator_trace(out: Path, iters: int) -> dict[str, Any]:
+    """Replay a torch-recorded trace under its own settings (validate) and predict the same
+    workload under expandable segments, recorded for real afterwards (simulate)."""
+    import torch
+
+    native = _record(torch, out, "torch_snapshot_native.pickle")
+    torch.cuda.memory._set_allocator_settings("expandable_segments:True")
+    try:
+        expandable = _record(torch, out, "torch_snapshot_expandable.pickle")
+    finally:
+        torch.cuda.memory._set_allocator_settings("expandable_segments:False")
+    return compare_recordings(native, expandable)
+
+
+def compare_recordings(native: Path, expandable: Path) -> dict[str, Any]:
+    """The ``simulator_trace`` verdict for two recordings of one workload (native segments,
+    then expandable segments): replaying the native one under its own settings must be exact,
+    and its expandable what-if must predict the expandable recording's peak within 2 %."""
+    from accel_graph.allocator.replay import recorded_summary
     from accel_graph.allocator.snapshot import load_trace
+    from accel_graph.allocator.whatif import make_scenario, simulate
 
-    result = fn(load_trace(path))
-    sim = {k: _pick(result, k) for k in ("segments", "reserved_bytes")}
-    if isinstance(sim["segments"], list):
-        sim["segments"] = len(sim["segments"])
-    same = sim == {"segments": real["segments"], "reserved_bytes": real["reserved_bytes"]}
+    keys = ("segment_alloc", "segment_free", "segment_map", "segment_unmap", "peak_reserved",
+            "final_reserved")
+    names = {"segment_alloc": "device_mallocs", "segment_free": "device_frees",
+             "segment_map": "segment_maps", "segment_unmap": "segment_unmaps"}
+    t_native = load_trace(native)
+    own = simulate(t_native, make_scenario(t_native)).to_json()
+    rec = recorded_summary(t_native)
+    validate = {k: {"simulated": own[names.get(k, k)], "recorded": rec[k]} for k in keys}
+    es_pred = simulate(t_native, make_scenario(t_native, "expandable_segments:True")).to_json()
+    es_rec = recorded_summary(load_trace(expandable))
+    whatif = {k: {"predicted": es_pred[names.get(k, k)], "recorded": es_rec[k]} for k in keys}
+    exact = all(v["simulated"] == v["recorded"] for v in validate.values())
+    err = abs(es_pred["peak_reserved"] - es_rec["peak_reserved"]) / max(es_rec["peak_reserved"], 1)
     summary = (
-        f"{name}: segments {sim['segments']} vs real {real['segments']}, reserved "
-        f"{sim['reserved_bytes']} vs real {real['reserved_bytes']} bytes"
+        f"validate: peak {own['peak_reserved']} vs recorded {rec['peak_reserved']} bytes, "
+        f"segments {own['device_mallocs']} vs {rec['segment_alloc']}; expandable what-if: peak "
+        f"{es_pred['peak_reserved']} predicted vs {es_rec['peak_reserved']} recorded "
+        f"({100 * err:.2f}% error)"
     )
-    return _row("pass" if same else "fail", summary, simulator=name, simulated=sim, real=real,
-                snapshot=str(path))  # fmt: skip
-
-
-def _pick(result: Any, key: str) -> Any:
-    if isinstance(result, dict):
-        return result.get(key)
-    return getattr(result, key, None)
+    status = "pass" if exact and err < 0.02 else "fail"
+    return _row(status, summary, validate=validate, expandable_whatif=whatif,
+                peak_error_expandable=err, snapshots=[str(native), str(expandable)])
 
 
 CHILDREN: dict[str, Callable[[Path, int], dict[str, Any]]] = {
