@@ -1308,6 +1308,28 @@ static ag_block *alloc_found_block(ag_engine *e, params *p, uint64_t orig) {
     ag_block *b = p->block;
     ag_bpool *bp = p->pool;
     int expandable = b->seg->expandable;
+    uint64_t al = e->s.expandable_head_align;
+    if (al && e->s.expandable_segments && p->size >= KROUND_LARGE && b->ptr % al) {
+        /* torch_npu: start the block on the next aligned address if it still fits; the
+         * skipped head stays a free block of its own */
+        uint64_t off = al - b->ptr % al;
+        if (off + p->size <= b->size) {
+            ag_block *h = b;
+            b = blk_new(e);
+            b->ptr = h->ptr + off;
+            b->size = h->size - off;
+            b->stream = h->stream;
+            b->pool = bp;
+            b->seg = h->seg;
+            b->mapped = h->mapped;
+            b->next = h->next;
+            if (b->next) b->next->prev = b;
+            b->prev = h;
+            h->next = b;
+            h->size = off;
+            pool_insert(bp, h);
+        }
+    }
     int already_split = is_split(b);
     if (should_split(e, b, p->size)) {
         ag_block *rem = b;
@@ -1813,6 +1835,12 @@ static int validate(const ag_settings *s, char *err, size_t errlen) {
     if (s->max_split_size < s->large_segment_size) {
         snprintf(err, errlen, "max_split_size must be >= large_segment_size (%llu), got %llu",
                  (unsigned long long)s->large_segment_size, (unsigned long long)s->max_split_size);
+        return AG_ERR_INVALID;
+    }
+    if (s->expandable_head_align && (s->expandable_head_align < KMIN_BLOCK || s->expandable_head_align > KROUND_LARGE ||
+                                     (s->expandable_head_align & (s->expandable_head_align - 1)))) {
+        snprintf(err, errlen, "expandable_head_align must be 0 or a power of 2 in [512, 2 MiB], got %llu",
+                 (unsigned long long)s->expandable_head_align);
         return AG_ERR_INVALID;
     }
     if (s->round_extra > (1ULL << 30)) {

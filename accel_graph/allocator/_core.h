@@ -82,6 +82,10 @@ typedef struct {
     uint64_t cap;                     /* 0: no cap; else the upstream refuses to hold more */
     uint64_t capacity;                /* total device memory; 0: derive (cap, host RAM, driver) */
     uint64_t round_extra;             /* bytes added to a request before rounding (torch_npu: 32) */
+    uint64_t expandable_head_align;   /* 0: off; else, with expandable segments, a request of
+                                       * >= 2 MiB whose block starts off this alignment starts
+                                       * at the next multiple, the skipped head staying a free
+                                       * block (torch_npu base_addr_aligned_kb, 16 KiB) */
     int32_t expandable_oversize_rule; /* 1: get_free_block applies the max_split oversize rules
                                        * to blocks of expandable segments (torch >= 2.12,
                                        * pytorch#193400); 0: it skips them (torch 2.9-2.11) */

@@ -130,6 +130,10 @@ class EngineSettings:
     - ``round_extra``: bytes added to every request before rounding (torch_npu adds 32:
       block = ceil((size + 32) / 512) * 512, and roundup_power2_divisions sees size + 32).
       The requested size recorded in stats and events stays the caller's.
+    - ``expandable_head_align``: 0 = off; else (a power of two, 512 B .. 2 MiB), with
+      expandable segments, a request of 2 MiB or more whose block does not start on this
+      alignment starts at the next multiple, and the skipped head stays a free block
+      (torch_npu's ``base_addr_aligned_kb``, default 16 KiB).
     - ``expandable_oversize_rule``: ``get_free_block`` applies the ``max_split_size`` oversize
       rules to cached blocks of expandable segments too (torch >= 2.12, the behaviour behind
       pytorch#193400). False: torch 2.9-2.11, where those blocks are reused freely.
@@ -147,6 +151,7 @@ class EngineSettings:
     device_kind: str = "cuda"
     device_libs: tuple[str, ...] = field(default=())
     round_extra: int = 0
+    expandable_head_align: int = 0
     expandable_oversize_rule: bool = True
 
     def divisions(self) -> tuple[int, ...]:
@@ -216,6 +221,7 @@ def _fill_settings(ffi: Any, s: EngineSettings, policy: str, upstream: str) -> A
     c.cap = _nonneg("cap", s.cap, 0)
     c.capacity = _nonneg("capacity", s.capacity, 0)
     c.round_extra = _nonneg("round_extra", s.round_extra, 0)
+    c.expandable_head_align = _nonneg("expandable_head_align", s.expandable_head_align, 0)
     c.expandable_oversize_rule = 1 if s.expandable_oversize_rule else 0
     return c
 

@@ -97,8 +97,9 @@ class Profile:
     throw_on_cudamalloc_oom: bool = True
     #: expandable-segment page size of the large pool (bytes); small pool pages are 2 MiB.
     es_page_size: int = 20 * MIB
-    #: large (> 1 MiB) blocks of expandable segments start on multiples of this (measured on
-    #: torch_npu: 16 KiB; docs/allocator-fidelity.md item 2). 512 = no extra alignment.
+    #: with expandable segments, blocks of 2 MiB or more start on multiples of this, the skipped
+    #: head staying a free block (torch_npu's base_addr_aligned_kb, default 16 KiB;
+    #: EngineSettings.expandable_head_align). 512 = no extra alignment.
     expandable_large_align: int = 512
     notes: str = ""
     references: tuple[str, ...] = field(default=())
@@ -302,8 +303,8 @@ _add(
             "Ascend torch_npu (measured on torch 2.6 fixtures): block size = ceil((request + 32) / "
             "512) * 512 (a multiple of 512 comes out 512 bytes bigger; 1 MiB requests land in the "
             "large pool). Segments: 2 MiB small, ceil(size/2 MiB) large (18-42 MiB seen), 20 MiB "
-            "expandable pages; large blocks of expandable segments 16 KiB-aligned (measured, "
-            "rule partly unexplained). The engine rounds with EngineSettings(round_extra=32). "
+            "expandable pages; with expandable segments, blocks >= 2 MiB start on 16 KiB "
+            "boundaries (base_addr_aligned_kb, default 16; the skipped head stays free). The engine rounds with EngineSettings(round_extra=32). "
             "Read with PYTORCH_NPU_ALLOC_CONF; max_split_size_mb must be > 20. Whether torch_npu "
             "has the pytorch#193400 behaviour is unknown (flag False is a guess)."
         ),

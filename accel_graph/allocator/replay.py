@@ -114,8 +114,11 @@ def apply_profile(settings: EngineSettings, profile: Profile | str | None,
         notes.append(f"{p.name}: expandable large-pool page {p.es_page_size // MIB} MiB not "
                      "modelled; the engine maps large_segment_size pages")
     if es and p.expandable_large_align > 512:
-        notes.append(f"{p.name}: large blocks of expandable segments padded to "
-                     f"{p.expandable_large_align // 1024} KiB (measured; rule not fully known)")
+        ch["expandable_head_align"] = p.expandable_large_align
+        notes.append(f"{p.name}: blocks of 2 MiB or more in expandable segments start on "
+                     f"{p.expandable_large_align // 1024} KiB boundaries (base_addr_aligned_kb)")
+    elif settings.expandable_head_align:
+        ch["expandable_head_align"] = 0
     return replace(settings, **ch), pol, notes
 
 
@@ -413,8 +416,7 @@ def build_ops(trace: Any, device: int = 0, profile: Profile | str | None = None,
     alloc_idx, free_idx, free_slot = slots
     state = (infer_start_state(trace, device, prof, slots) if start_state
              else {"blocks": [], "segments": []})
-    align = prof.expandable_large_align if expandable else 512
-    prologue, pre_slot = _prologue(state, expandable, align)
+    prologue, pre_slot = _prologue(state, expandable)
     if round_extra and len(prologue):
         # prologue sizes are block sizes (multiples of 512): ask for them less the extra
         m = prologue["op"] == OP["malloc"]
@@ -449,13 +451,6 @@ def build_ops(trace: Any, device: int = 0, profile: Profile | str | None = None,
                          np.full(int(keep_free.sum()), OP["free"]),
                          np.full(len(ec), OP["empty_cache"])))
     sizes = np.maximum(ev["size"][alloc_idx].astype(np.int64), 1)
-    align = prof.expandable_large_align
-    if expandable and align > 512:
-        # torch_npu leaves large blocks of expandable segments 16 KiB-aligned (the final
-        # segments show free fragments of 16 KiB - (size mod 16 KiB)): pad large requests so
-        # that the engine's rounding gives the padded block (requested grows by the padding)
-        r = round_requests(sizes, prof)
-        sizes = np.where(r > MIB, (r + align - 1) // align * align - round_extra, sizes)
     pool_col = ev["pool"][alloc_idx] if "pool" in (ev.dtype.names or ()) else None
     pools: list[int] = []
     if pool_col is not None and pool_col.any():

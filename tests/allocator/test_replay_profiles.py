@@ -8,7 +8,7 @@ import pytest
 
 from accel_graph.allocator.engine import Engine, EngineSettings, round_size
 from accel_graph.allocator.profiles import PROFILES, ROUNDING_RULES, round_requests
-from accel_graph.allocator.replay import apply_profile, build_ops, replay_trace
+from accel_graph.allocator.replay import apply_profile, replay_trace
 from accel_graph.allocator.snapshot import Trace, segments_from_layout
 
 MIB = 1 << 20
@@ -166,11 +166,35 @@ def test_roundup_not_applied_and_large_segment_fixed():
     assert es.round_extra == 32
 
 
-def test_npu_padding_only_with_expandable():
-    t = _small_trace(EngineSettings(), "npu")
-    assert build_ops(t, expandable=True)["ops"]["size"][3] != 40 * MIB  # padded to 16 KiB
-    assert build_ops(t, expandable=False)["ops"]["size"][3] == 40 * MIB
-    assert build_ops(t, profile="cuda", expandable=True)["ops"]["size"][3] == 40 * MIB
+def test_npu_head_alignment_in_the_engine():
+    """torch_npu (base_addr_aligned_kb, 16 KiB): with expandable segments a block of 2 MiB or
+    more that would start off a 16 KiB boundary starts at the next one, and the skipped head
+    stays a free block; smaller requests and native segments are not moved."""
+    es, _, notes = apply_profile(EngineSettings(expandable_segments=True), "npu")
+    assert es.expandable_head_align == 16384 and any("16 KiB" in n for n in notes)
+    assert apply_profile(EngineSettings(), "npu")[0].expandable_head_align == 0
+    assert apply_profile(es, "cuda-2.13")[0].expandable_head_align == 0
+    e = Engine("native", "counting", es)
+    a = e.malloc(1000)  # small pool
+    b = e.malloc(3 * MIB + 100)  # 3 MiB + 512: ends off a 16 KiB boundary
+    c = e.malloc(1_905_152)  # under 2 MiB: not moved
+    d = e.malloc(2 * MIB)  # moved to the next 16 KiB boundary
+    assert b % 16384 == 0 and c == b + e.block_size(b) and c % 16384 != 0
+    assert d % 16384 == 0 and 0 < d - (c + e.block_size(c)) < 16384
+    seg = next(s for s in e.layout() if not s["is_small"])
+    head = next(x for x in seg["blocks"] if x["address"] == c + e.block_size(c))
+    assert head["state"] == "inactive" and head["size"] == d - head["address"]
+    e.free(c)
+    e.free(d)  # the head merges back with its free neighbours
+    assert [x["state"] for x in e.layout()[-1]["blocks"]][:2] == ["active_allocated", "inactive"]
+    del a
+    native = Engine("native", "counting", apply_profile(EngineSettings(), "npu")[0])
+    native.malloc(3 * MIB + 100)
+    assert native.malloc(2 * MIB) % 16384 != 0
+    from accel_graph.errors import ConfigError
+
+    with pytest.raises(ConfigError):
+        Engine("native", "counting", EngineSettings(expandable_head_align=1000))
 
 
 # -- peaks and events ------------------------------------------------------------------------
