@@ -245,7 +245,7 @@ def simulate(trace: Any, scenario: Scenario, *, device: int = 0,
     if keep_events:
         kw["keep_events"] = True
     r = replay_trace(trace, es, policy=scenario.policy, device=device,
-                     profile=_profile_arg(scenario.profile), **kw)
+                     profile=scenario.profile, **kw)
     return SimResult(
         scenario=scenario,
         device=device,
@@ -269,8 +269,3 @@ def simulate(trace: Any, scenario: Scenario, *, device: int = 0,
 
 def _opt_int(v: Any) -> int | None:
     return None if v is None else int(v)
-
-
-def _profile_arg(profile: _profiles.Profile) -> Any:
-    """What ``replay_trace`` takes as ``profile`` (interim: the device's rounding profile)."""
-    return profile.device
