@@ -86,6 +86,12 @@ def test_profile_b(cli, npu_dir: Path) -> None:
     body = r.json()
     assert body["a"]["scenario"]["profile"] == "cuda-2.13"
     assert body["b"]["scenario"]["profile"] == "cuda-2.9"
+    # the profile reaches the replay: with max_split + ES the two versions are noted apart
+    r = cli("diff", path, "--config", "expandable_segments:True,max_split_size_mb:64",
+            "--profile", "cuda-2.13", "--profile-b", "cuda-2.9", "--json")
+    assert r.code == 0, r.err
+    assert any(n.startswith("cuda-2.9") for n in r.json()["b"]["notes"])
+    assert any(n.startswith("cuda-2.13") for n in r.json()["a"]["notes"])
 
 
 def test_diff_errors(cli, frag_trace: Path, tmp_path: Path) -> None:
