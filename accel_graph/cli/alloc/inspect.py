@@ -1,0 +1,149 @@
+"""``accel-alloc inspect TRACE``: what a trace recorded, and why reserved memory exceeded use.
+
+Prints the device type and recorded allocator settings, events by action, streams, whether the
+recording began mid-run; the peaks of reserved / allocated / requested / active bytes and
+utilisation; the waste at the peak of reserved split into causes (internal rounding, free space
+in segments holding live blocks, wholly free segments, other streams, the small/large pool
+boundary, private pools), each with the knob or code change that removes it; and the top
+allocation sites by bytes live at that moment.
+
+JSON (``--json``): schema ``accel-alloc/inspect/1``, documented field by field in
+docs/accel-alloc-inspect.md. The library behind it is
+:func:`accel_graph.allocator.analysis.inspect_trace`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from .common import (
+    add_json_option,
+    add_trace_options,
+    emit,
+    fmt_bytes,
+    format_table,
+    load_input,
+    pick_device,
+)
+
+_LABELS = {
+    "internal_rounding": "internal rounding (block - requested)",
+    "free_in_live_segments": "free inside segments with live blocks",
+    "wholly_free_segments": "wholly free segments (cached)",
+    "other_streams": "tied to other streams",
+    "pool_boundary": "small/large pool boundary",
+    "private_pools": "private pools (graphs, MemPool)",
+    "unattributed": "unattributed",
+}
+
+
+def _top(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count >= 0")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_trace_options(parser)
+    parser.add_argument("--top", type=_top, default=10, metavar="K",
+                        help="allocation sites to list (default 10)")
+    add_json_option(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ...allocator.analysis import inspect_trace
+
+    trace = load_input(args.trace, args.device_type)
+    device = pick_device(trace, args.device)
+    report = inspect_trace(trace, device, top=args.top)
+    payload = {"schema": report["schema"], "trace": args.trace, **report}
+    emit(args, payload, render(payload))
+    return 0
+
+
+def _pct(part: float, whole: float) -> str:
+    return f"{100 * part / whole:.1f}%" if whole else "-"
+
+
+def render(p: dict[str, Any]) -> str:
+    """The text report of an ``accel-alloc/inspect/1`` document."""
+    ev, pk, at, st, se = p["events"], p["peaks"], p["at_peak"], p["start"], p["settings"]
+    lines = [f"{p['trace']}: device {p['device']} ({p.get('device_type') or 'unknown device type'}),"
+             f" {ev['total']:,} events, rounding profile {p['profile']}"]
+    if se["recorded"]:
+        shown = ", ".join(f"{k}={v}" for k, v in sorted(se["recorded"].items())
+                          if not isinstance(v, (dict, list)))
+        settings = f"recorded ({shown})" if shown else "recorded"
+    else:
+        settings = "not recorded"
+    es = {True: "on", False: "off", None: "unknown"}[se["expandable_segments"]]
+    lines.append(f"allocator settings: {settings}; expandable segments: {es} "
+                 f"({se['expandable_segments_source']})")
+    by_action = ", ".join(f"{k} {v:,}" for k, v in ev["by_action"].items()) or "none"
+    lines.append(f"events: {by_action}")
+    lines.append(f"streams: {ev['streams']}"
+                 + (f" (most allocations on {ev['main_stream']})" if ev["streams"] > 1 else "")
+                 + f"; timestamps: {'yes' if ev['has_timestamps'] else 'none'}"
+                 + f"; stack frames: {'yes' if ev['has_stack_frames'] else 'none'}")
+    if ev["starts_mid_run"]:
+        lines.append(f"start: mid-run: {ev['pre_existing_blocks']:,} blocks live before the "
+                     f"recording began ({fmt_bytes(st['requested'])} requested), "
+                     f"{fmt_bytes(st['reserved'])} reserved "
+                     f"({ev['pre_existing_frees']:,} frees of never-allocated addresses)")
+    else:
+        lines.append("start: from empty (nothing reserved or live before the first event)")
+
+    rows = [
+        ["peak reserved", fmt_bytes(pk["reserved"]), f"{pk['reserved']:,}",
+         "segments (segment_alloc/map minus free/unmap)"],
+        ["peak allocated", fmt_bytes(pk["allocated"]), f"{pk['allocated']:,}",
+         "live blocks, block bytes"],
+        ["peak requested", fmt_bytes(pk["requested"]), f"{pk['requested']:,}",
+         "live allocations, requested bytes"],
+        ["peak active", fmt_bytes(pk["active"]), f"{pk['active']:,}",
+         "allocated + freed awaiting free_completed"],
+        ["final reserved", fmt_bytes(pk["final_reserved"]), f"{pk['final_reserved']:,}",
+         "the final segments"],
+    ]
+    util = pk["utilisation"]
+    lines += ["", "Peaks", format_table(["metric", "size", "bytes", "what it counts"], rows, align="lrrl")]
+    if util is not None:
+        lines.append(f"utilisation: {100 * util:.1f}% = {pk['utilisation_definition']} (GMLake's "
+                     "definition); "
+                     f"{100 * pk['utilisation_at_peak_reserved']:.1f}% active/reserved at the "
+                     "peak-reserved moment")
+
+    waste = p["waste_at_peak"]
+    total = at["reserved"] - at["requested"]
+    lines += ["", f"Waste at the peak of reserved (after event {at['after_event_index']:,}: "
+              f"reserved {fmt_bytes(at['reserved'])}, requested {fmt_bytes(at['requested'])}, "
+              f"{at['segments']} segments)"]
+    wrows = [[_LABELS.get(c, c), fmt_bytes(v), f"{v:,}", _pct(v, total)]
+             for c, v in waste.items() if v or c != "unattributed"]
+    wrows.append(["total (reserved - requested)", fmt_bytes(total), f"{total:,}",
+                  _pct(total, total)])
+    lines.append(format_table(["component", "size", "bytes", "share"], wrows, align="lrrr"))
+    trig = at.get("trigger")
+    if trig:
+        lines.append(f"peak set by a {trig['pool']}-pool request of {fmt_bytes(trig['requested'])}"
+                     f" (event {trig['event_index']:,}); the pool boundary counts free bytes of "
+                     f"the other pool in segments with live blocks")
+    if p["advice"]:
+        lines += ["", "What removes it"]
+        lines += [f"- {_LABELS.get(a['component'], a['component'])} ({fmt_bytes(a['bytes'])}): "
+                  f"{a['advice']}" for a in p["advice"]]
+
+    lines += ["", "Top allocation sites (requested bytes live at the peak of reserved)"]
+    if p["sites"]:
+        srows = [[s["site"], fmt_bytes(s["live_at_peak_bytes"]), s["live_at_peak_count"],
+                  fmt_bytes(s["allocated_bytes"]), s["allocations"]] for s in p["sites"]]
+        lines.append(format_table(["site", "live at peak", "blocks", "allocated in trace",
+                                   "allocations"], srows, align="lrrrr"))
+    else:
+        lines.append(p.get("sites_note") or "no allocation sites to list")
+    return "\n".join(lines)
