@@ -1,0 +1,290 @@
+"""``accel-alloc tune TRACE``: search allocator settings for a trace, recommend one.
+
+Evaluates a structured sample (default 256) of the ``PYTORCH_ALLOC_CONF`` grid the profile
+honours (:mod:`accel_graph.allocator.tuning`), ranks it by ``--objective``, prints the ranked
+table, the Pareto front of peak reserved vs device calls, the recommendation with the line to
+paste and the warnings that apply (:mod:`accel_graph.allocator.advice`), and the accuracy to
+expect (the ``validate`` comparison). ``--json``: schema ``accel-alloc/tune/1``, documented
+field by field in docs/accel-alloc-tune.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+from .common import (
+    EXIT_USAGE,
+    SCHEMA_VERSION,
+    CliError,
+    add_json_option,
+    add_trace_options,
+    emit,
+    fmt_bytes,
+    format_table,
+    guarded,
+    load_input,
+    parse_size,
+    pick_device,
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from ...allocator.tuning import DEFAULT_BUDGET, OBJECTIVES
+
+    add_trace_options(parser)
+    parser.add_argument("--objective", choices=OBJECTIVES, default="peak",
+                        help="peak: lowest peak reserved; mallocs: fewest device mallocs/frees/"
+                        "maps/unmaps within 5%% of the lowest peak; pareto: the knee of the "
+                        "peak-vs-device-calls front (default: peak)")
+    parser.add_argument("--cap", type=parse_size, default=None, metavar="BYTES",
+                        help="device memory (e.g. 80GiB): configurations that run out of memory "
+                        "rank last; enables garbage_collection_threshold + "
+                        "per_process_memory_fraction candidates")
+    parser.add_argument("--profile", default=None, metavar="NAME",
+                        help="torch version x device profile (cuda-2.13, cuda-2.9, rocm-2.13, npu, "
+                        "xpu, ...; default: from the trace's device type, newest torch)")
+    parser.add_argument("--budget", type=int, default=DEFAULT_BUDGET, metavar="N",
+                        help=f"configurations to evaluate (default {DEFAULT_BUDGET})")
+    parser.add_argument("--top", type=int, default=10, metavar="K",
+                        help="rows of the ranked table (default 10; 0: all)")
+    parser.add_argument("--uses", default=None, metavar="LIST",
+                        help="features the program uses that conflict with expandable segments, "
+                        "comma-separated: ipc, mempool, custom-allreduce, nccl-register")
+    parser.add_argument("--jobs", type=int, default=1, metavar="N",
+                        help="worker processes (default 1)")
+    parser.add_argument("--no-progress", action="store_true",
+                        help="no progress bar on stderr (also off with --json)")
+    add_json_option(parser)
+
+
+class _Bar:
+    """tqdm on stderr, created on the first tick (after any worker processes have forked)."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled, self.bar = enabled, None
+
+    def __call__(self, done: int, total: int) -> None:
+        if not self.enabled:
+            return
+        if self.bar is None:
+            from tqdm import tqdm
+
+            tqdm.monitor_interval = 0
+            self.bar = tqdm(total=total, desc="configs", unit="cfg", file=sys.stderr,
+                            leave=False, dynamic_ncols=True)
+        if total != self.bar.total:
+            self.bar.total = total
+        self.bar.update(done - self.bar.n)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def run(args: argparse.Namespace) -> int:
+    from ...allocator.advice import parse_uses
+
+    if args.budget < 2:
+        raise CliError(f"--budget must be at least 2, got {args.budget}", EXIT_USAGE)
+    if args.jobs < 1:
+        raise CliError(f"--jobs must be at least 1, got {args.jobs}", EXIT_USAGE)
+    if args.top < 0:
+        raise CliError(f"--top must be >= 0, got {args.top}", EXIT_USAGE)
+    try:
+        uses = parse_uses(args.uses)
+    except ValueError as e:
+        raise CliError(str(e), EXIT_USAGE) from None
+    trace = load_input(args.trace, args.device_type)
+    device = pick_device(trace, args.device)
+    payload = tune_payload(trace, args, device, uses, environ=os.environ,
+                           progress=not (args.no_progress or args.json))
+    emit(args, payload, render(payload))
+    return 0
+
+
+def tune_payload(trace: Any, args: argparse.Namespace, device: int, uses: tuple[str, ...],
+                 environ: Any = None, progress: bool = False) -> dict[str, Any]:
+    from ...allocator.tuning import tune
+
+    bar = _Bar(progress)
+    try:
+        result = guarded(lambda: tune(trace, objective=args.objective, cap=args.cap,
+                                      profile=args.profile, budget=args.budget, progress=bar,
+                                      device=device, jobs=args.jobs))
+    finally:
+        bar.close()
+    return result_payload(result, trace=args.trace, device_type=trace.device_type,
+                          top=args.top, uses=uses, environ=environ)
+
+
+def result_payload(result: Any, *, trace: str, device_type: str | None, top: int = 10,
+                   uses: tuple[str, ...] = (), environ: Any = None) -> dict[str, Any]:
+    """The ``accel-alloc/tune/1`` document for a :class:`~accel_graph.allocator.tuning.TuneResult`."""
+    from ...allocator.advice import advise, env_assignment
+    from ...allocator.config import parse_config
+    from ...allocator.tuning import Candidate
+
+    base = result.baseline
+    prof = result.profile
+
+    def row(c: Candidate, rank: int | None = None, equivalent: list[Candidate] | None = None
+            ) -> dict[str, Any]:
+        out = c.to_json(base)
+        if rank is not None:
+            out["rank"] = rank
+        if equivalent is not None:
+            out["equivalent"] = len(equivalent)
+            out["equivalent_configs"] = [e.config for e in equivalent[:5]]
+        return out
+
+    groups = result.groups()
+    shown = groups if top == 0 else groups[:top]
+    rec = result.recommended
+    cfg = rec.config or ""
+    settings = parse_config(cfg, {"rocm": "hip", "xpu": "xpu"}.get(prof.device, "cuda"))
+    assign = env_assignment(cfg, prof)
+    warnings = [a.to_json() for a in advise(settings, prof, environ=environ, uses=uses,
+                                            private_pools=result.private_pools,
+                                            env_var=assign.env_var)]
+    if any(c.ooms for c in result.candidates) and all(c.ooms for c in result.candidates):
+        warnings.insert(0, {"code": "all-oom", "severity": "high", "reference":
+                            "allocator-semantics.md 6 item 5",
+                            "message": "every configuration runs out of memory under the cap: "
+                            "no setting makes this trace fit; raise --cap or reduce the workload"})
+    elif rec.ooms:
+        warnings.insert(0, {"code": "recommended-oom", "severity": "high",
+                            "reference": "allocator-semantics.md 6 item 5",
+                            "message": "the recommended configuration still runs out of memory "
+                            "under the cap"})
+    without_es = None
+    if settings.expandable_segments:
+        alt = next((c for c in result.candidates if c.config is not None
+                    and "expandable_segments:True" not in c.config), None)
+        if alt is not None:
+            without_es = row(alt)
+    acc = result.accuracy
+    recommendation = {
+        **row(rec),
+        "same_as_baseline": rec is base or (rec.config == result.baseline_config
+                                            and rec.metrics() == base.metrics()),
+        **assign.to_json(),
+        "expected_peak_error_pct": acc["peak_error_pct"],
+        "best_without_expandable_segments": without_es,
+    }
+    return {
+        "schema": f"accel-alloc/tune/{SCHEMA_VERSION}",
+        "trace": trace,
+        "device_type": device_type,
+        "device": result.device,
+        "profile": prof.name,
+        "policy": result.policy,
+        "objective": result.objective,
+        "cap": result.cap,
+        "budget": result.budget,
+        "evaluated": result.evaluated,
+        "distinct_results": len(groups),
+        "alternatives_evaluated": len(result.alternatives),
+        "rejected": result.rejected,
+        "space_size": result.space_size,
+        "stages": dict(result.stages),
+        "skipped_knobs": [{"knob": k, "reason": r} for k, r in result.skipped],
+        "baseline": {**row(base), "recorded_config": result.baseline_config},
+        "ranked": [row(c, i + 1, eq) for i, (c, eq) in enumerate(shown)],
+        "pareto": [row(c) for c in result.pareto],
+        "alternative_policies": [row(c) for c in result.alternatives],
+        "recommendation": recommendation,
+        "warnings": warnings,
+        "uses": list(uses),
+        "private_pools": result.private_pools,
+        "accuracy": acc,
+        "seconds": round(result.seconds, 3),
+    }
+
+
+def _pct(d: dict[str, Any]) -> str:
+    rel = d["delta"]["peak_reserved_relative"]
+    sign = "+" if d["delta"]["peak_reserved"] >= 0 else "-"
+    head = f"{sign}{fmt_bytes(abs(d['delta']['peak_reserved']))}"
+    return head if rel is None else f"{head} ({100 * rel:+.1f}%)"
+
+
+def _table(rows: list[dict[str, Any]], rank: bool = False, policy: bool = False) -> str:
+    headers = (["rank"] if rank else []) + ["config"] + (["policy"] if policy else []) + [
+        "peak reserved", "vs baseline", "mallocs/frees", "maps/unmaps", "ooms", "frag"]
+    body = []
+    for r in rows:
+        label = r["label"] + (f"  (+{r['equivalent']} equivalent)" if r.get("equivalent") else "")
+        body.append(([r["rank"]] if rank else []) + [label] + ([r["policy"]] if policy else []) + [
+            fmt_bytes(r["peak_reserved"]), _pct(r),
+            f"{r['device_mallocs']}/{r['device_frees']}",
+            f"{r['segment_maps']}/{r['segment_unmaps']}",
+            f"{r['ooms']}" + (" OOM" if r["oom"] else ""),
+            f"{100 * r['fragmentation_at_peak']:.1f}%"])
+    align = ("r" if rank else "") + "l" + ("l" if policy else "") + "rrrrrr"
+    return format_table(headers, body, align=align)
+
+
+def render(p: dict[str, Any]) -> str:
+    b = p["baseline"]
+    lines = [
+        f"{p['trace']}: device {p['device']} ({p.get('device_type') or 'unknown'}), profile "
+        f"{p['profile']}, policy {p['policy']}, objective {p['objective']}"
+        + (f", cap {fmt_bytes(p['cap'])}" if p["cap"] else ""),
+        f"evaluated {p['evaluated']} configurations ({p['distinct_results']} distinct results) "
+        f"of {p['space_size']} in the search space, plus {p['alternatives_evaluated']} under "
+        f"other policies, in {p['seconds']:.1f} s",
+    ]
+    for s in p["skipped_knobs"]:
+        lines.append(f"skipped {s['knob']}: {s['reason']}")
+    lines += [
+        "",
+        f"baseline (recorded settings: {b['label']}): peak reserved {fmt_bytes(b['peak_reserved'])}, "
+        f"device mallocs/frees {b['device_mallocs']}/{b['device_frees']}, maps/unmaps "
+        f"{b['segment_maps']}/{b['segment_unmaps']}, ooms {b['ooms']}, fragmentation at peak "
+        f"{100 * b['fragmentation_at_peak']:.1f}%",
+        "",
+        f"ranked by {p['objective']} (top {len(p['ranked'])} of {p['distinct_results']} distinct "
+        "results; equivalent configs folded):",
+        _table(p["ranked"], rank=True),
+        "",
+        "Pareto front (peak reserved vs device mallocs + frees + maps + unmaps):",
+        _table(p["pareto"]),
+    ]
+    if p["alternative_policies"]:
+        lines += ["", "other allocator policies, for comparison (not selectable with an "
+                  "environment variable):", _table(p["alternative_policies"], policy=True)]
+    r = p["recommendation"]
+    acc = p["accuracy"]
+    err = acc["peak_error_pct"]
+    lines += ["", f"recommendation: {r['label']}"]
+    if r["same_as_baseline"]:
+        lines.append("  the recorded settings are already the best found for this objective")
+    lines += [
+        f"  peak reserved {fmt_bytes(r['peak_reserved'])}, {_pct(r)} vs baseline; device "
+        f"calls {r['device_calls']} (baseline {b['device_calls']}); ooms {r['ooms']}",
+        "  expected accuracy: peak error "
+        + ("unknown (the trace records no segment events)" if err is None else f"{err:.2f}%")
+        + " (replay under the recorded settings vs the recorded peak; `accel-alloc validate`)",
+        "",
+        "  paste:",
+        f"    {r['env_line']}",
+    ]
+    for a in r["also"]:
+        lines.append(f"    {a}    # same string under the older name: older releases read only "
+                     "this one, and it wins when both are set")
+    lines += [f"  or at run time: {r['snippet']}", f"  note: {r['note']}"]
+    alt = r["best_without_expandable_segments"]
+    if alt is not None:
+        lines.append(f"  best without expandable segments: {alt['label']} "
+                     f"(peak {fmt_bytes(alt['peak_reserved'])}, {_pct(alt)})")
+    if p["warnings"]:
+        lines += ["", "warnings:"]
+        for w in p["warnings"]:
+            lines.append(f"  [{w['severity']}] {w['code']}: {w['message']} ({w['reference']})")
+    notes = sorted(set(r["notes"]))
+    if notes:
+        lines += [""] + [f"note: {n}" for n in notes]
+    return "\n".join(lines)
