@@ -42,11 +42,14 @@ class Tolerance:
 _EXACT = Tolerance(0.0, 0.0)
 
 #: Per-dtype tolerances for compiled and padded replay. Integer and bool results are exact.
+#: float32/complex64 use torch.testing.assert_close's defaults (rtol 1.3e-6, atol 1e-5): an
+#: absolute floor of 1e-6 failed on values near zero produced by cancellation (5.7e-6 off on
+#: 0.0037 after Inductor reordered a reduction), which is rounding, not a replay error.
 TOLERANCES: dict[torch.dtype, Tolerance] = {
     torch.float64: Tolerance(1e-7, 1e-9),
     torch.complex128: Tolerance(1e-7, 1e-9),
-    torch.float32: Tolerance(1e-5, 1e-6),
-    torch.complex64: Tolerance(1e-5, 1e-6),
+    torch.float32: Tolerance(1.3e-6, 1e-5),
+    torch.complex64: Tolerance(1.3e-6, 1e-5),
     torch.float16: Tolerance(1e-2, 1e-3),
     torch.bfloat16: Tolerance(1e-2, 1e-2),
 }
