@@ -172,12 +172,13 @@ def add_scenario_options(parser: argparse.ArgumentParser, *, config_required: bo
     if multiple_configs:
         parser.add_argument("--config", action="append", default=None, metavar="STR",
                             help="allocator config in PYTORCH_ALLOC_CONF grammar; repeat for "
-                            "several (default: the settings the trace was recorded with)")
+                            "several; 'recorded' = the settings the trace was recorded with "
+                            "(the default)")
     else:
         parser.add_argument("--config", required=config_required, default=None, metavar="STR",
                             help="allocator config in PYTORCH_ALLOC_CONF grammar, e.g. "
-                            "'expandable_segments:True,max_split_size_mb:256' (default: the "
-                            "settings the trace was recorded with)")
+                            "'expandable_segments:True,max_split_size_mb:256'; 'recorded' (the "
+                            "default) = the settings the trace was recorded with")
     parser.add_argument("--policy", default=None, metavar="NAME",
                         help="allocator policy to simulate: native (PyTorch's caching allocator) "
                         "or xpu (default: the profile's)")
@@ -190,14 +191,24 @@ def add_scenario_options(parser: argparse.ArgumentParser, *, config_required: bo
                         "retry, release the cache and finally fail as out-of-memory events")
 
 
-def scenario_from_args(args: argparse.Namespace, trace: Any, config: str | None = None) -> Any:
-    """A :class:`~accel_graph.allocator.whatif.Scenario` from the shared options, with every
+#: ``scenario_from_args(config=...)`` default: take ``--config`` from the parsed arguments.
+FROM_ARGS = object()
+#: Words that mean "the settings the trace was recorded with" where a config is expected.
+RECORDED_WORDS = ("recorded", "as-recorded")
+
+
+def scenario_from_args(args: argparse.Namespace, trace: Any, config: Any = FROM_ARGS,
+                       device: int = 0) -> Any:
+    """A :class:`~accel_graph.allocator.whatif.Scenario` from the shared options (``config``
+    overrides ``--config``; None or a word of :data:`RECORDED_WORDS` = as recorded), with every
     user error turned into a :class:`CliError` carrying the documented exit code."""
     from ...allocator.whatif import make_scenario
 
+    text = args.config if config is FROM_ARGS else config
+    if isinstance(text, str) and text.strip().lower() in RECORDED_WORDS:
+        text = None
     return guarded(lambda: make_scenario(
-        trace, args.config if config is None else config, policy=args.policy,
-        profile=args.profile, cap=args.cap))
+        trace, text, policy=args.policy, profile=args.profile, cap=args.cap, device=device))
 
 
 def guarded(fn: Any) -> Any:

@@ -53,12 +53,11 @@ def profiles_listing() -> tuple[list[dict[str, Any]], str]:
     return rows, text
 
 
-def simulate_payload(trace: Any, args: argparse.Namespace, device: int,
-                     config: str | None = None) -> dict[str, Any]:
+def simulate_payload(trace: Any, args: argparse.Namespace, device: int) -> dict[str, Any]:
     from ...allocator.replay import recorded_summary
     from ...allocator.whatif import simulate
 
-    scenario = scenario_from_args(args, trace, config)
+    scenario = scenario_from_args(args, trace, device=device)
     result = guarded(lambda: simulate(trace, scenario, device=device))
     return {"predicted": result.to_json(), "recorded": recorded_summary(trace, device)}
 
