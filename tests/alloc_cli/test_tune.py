@@ -172,3 +172,18 @@ def test_npu_accuracy_matches_validate(cli, npu_dir):
     assert p["accuracy"]["peak_error_pct"] == pytest.approx(abs(rel) * 100, abs=1e-3)
     assert p["accuracy"]["metrics"]["peak_reserved"]["recorded"] == \
         v["metrics"]["peak_reserved"]["recorded"]
+
+
+def test_private_pools_strengthen_the_es_warning(cli, tmp_path):
+    from accel_graph.allocator.generate import generate
+    from accel_graph.allocator.snapshot import save_trace
+
+    path = tmp_path / "serve.agtrace"  # CUDA-graph capture into a private pool
+    save_trace(generate("serve", seed=0), path, format="compact")
+    r = cli("tune", path, "--json", "--budget", "40")
+    assert r.code == 0, r.err
+    p = r.json()
+    assert p["private_pools"] is True
+    assert "expandable_segments:True" in p["recommendation"]["config"]
+    ws = {w["code"]: w for w in p["warnings"]}
+    assert ws["es-private-pools"]["severity"] == "high"
