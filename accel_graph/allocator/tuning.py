@@ -47,6 +47,7 @@ from .config import AllocatorSettings, parse_config
 from .engine import POLICIES
 from .whatif import (
     _CONFIG_DEVICE,
+    CapacityError,
     UnsupportedTraceError,
     _resolve_profile,
     make_scenario,
@@ -553,7 +554,8 @@ def tune(trace: Any, *, objective: str = "peak", cap: int | None = None,
     called after each evaluation; ``jobs``: worker processes (fork); ``seed``: the fill stage's
     random order. Raises :class:`~accel_graph.allocator.whatif.UnsupportedTraceError` (unknown
     profile, no events), :class:`~accel_graph.allocator.whatif.CapacityError` (``cap`` below the
-    largest allocation) and ``ValueError`` for a bad objective or budget.
+    largest allocation, or no ``cap`` for a trace recorded with a memory fraction) and
+    ``ValueError`` for a bad objective or budget.
     """
     from .replay import recorded_summary
 
@@ -570,10 +572,14 @@ def tune(trace: Any, *, objective: str = "peak", cap: int | None = None,
     space = build_space(trace, base_sc.profile, cap)
     pol = space.policy
     rec = recorded_settings(trace)
+    if rec.per_process_memory_fraction < 1.0 and cap is None:
+        raise CapacityError(
+            f"the trace was recorded with per_process_memory_fraction:"
+            f"{rec.per_process_memory_fraction!r}, which limits memory to a fraction of the "
+            "device; pass --cap with the device's memory (e.g. --cap 80GiB) so the baseline "
+            "can be replayed")
     try:
         base_cfg: str | None = parse_config(rec.to_string(), space.device).to_string()
-        if rec.per_process_memory_fraction < 1.0 and cap is None:
-            base_cfg = None
     except ConfigError:
         base_cfg = None
     base_entries = _entries(base_cfg or "")
@@ -701,8 +707,8 @@ def tune(trace: Any, *, objective: str = "peak", cap: int | None = None,
     front = pareto_front(ranked)
     recommended = ranked[0]
     summary = recorded_summary(trace, device)
-    if cap is None:
-        acc_base = baseline
+    if cap is None or rec.per_process_memory_fraction < 1.0:
+        acc_base = baseline  # a recorded fraction needs the cap to have a size
     else:  # the validate comparison replays the recording as it ran: without a cap
         acc_base = Candidate(config=None, policy=pol, stage="validate", **_evaluate_one(
             trace, None, pol, space.profile, None, device))

@@ -188,3 +188,21 @@ def test_bad_arguments(frag):
         tune(frag, objective="speed")
     with pytest.raises(ValueError):
         tune(frag, budget=1)
+
+
+def test_recorded_settings_are_the_baseline():
+    t = generate("frag", seed=0, settings="max_split_size_mb:100,roundup_power2_divisions:8")
+    r = tune(t, budget=30)
+    assert r.baseline_config == "max_split_size_mb:100,roundup_power2_divisions:8"
+    assert r.baseline.config == r.baseline_config and r.baseline.stage == "baseline"
+    assert any(c.config == "" for c in r.candidates)  # torch's defaults are searched too
+    assert r.accuracy["peak_error_pct"] == 0.0
+
+
+def test_recorded_fraction_needs_a_cap():
+    t = generate("frag", seed=0)
+    t.allocator_settings["PYTORCH_CUDA_ALLOC_CONF"] = "per_process_memory_fraction:0.9"
+    with pytest.raises(CapacityError, match="--cap"):
+        tune(t, budget=10)
+    r = tune(t, budget=10, cap=4 << 30)
+    assert "per_process_memory_fraction:0.9" in r.baseline_config
