@@ -46,12 +46,12 @@ from . import profiles as _profiles
 from .config import AllocatorSettings, parse_config
 from .engine import POLICIES
 from .whatif import (
-    _CONFIG_DEVICE,
+    CONFIG_DEVICE,
     CapacityError,
     UnsupportedTraceError,
-    _resolve_profile,
     make_scenario,
     recorded_settings,
+    scenario_profile,
     simulate,
 )
 
@@ -157,7 +157,7 @@ def build_space(trace: Any, profile: str | _profiles.Profile | None = None,
     ignores, are skipped with the reason; so is expandable_segments where the build has none,
     and the garbage-collection pair without a capacity.
     """
-    prof = _resolve_profile(trace, profile)
+    prof = scenario_profile(trace, profile)
     pol = policy or prof.policy
     keys = prof.settings_keys
     skipped: list[tuple[str, str]] = []
@@ -213,7 +213,7 @@ def build_space(trace: Any, profile: str | _profiles.Profile | None = None,
                         "(pytorch#106660)"))
     else:
         knobs["gc"] = KNOB_VALUES["gc"]
-    return SearchSpace(prof, pol, _CONFIG_DEVICE.get(prof.device, "cuda"), expandable, knobs,
+    return SearchSpace(prof, pol, CONFIG_DEVICE.get(prof.device, "cuda"), expandable, knobs,
                        tuple(skipped), cap)
 
 
@@ -311,9 +311,9 @@ def delta(c: Candidate, baseline: Candidate) -> dict[str, Any]:
 
 
 def _entries(config: str | None) -> set[str]:
-    from .whatif import _top_level_entries
+    from .whatif import top_level_entries
 
-    return {e for e in _top_level_entries(config or "") if e}
+    return {e for e in top_level_entries(config or "") if e}
 
 
 def _tie(c: Candidate) -> tuple[int, int, str]:

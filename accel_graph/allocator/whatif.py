@@ -26,6 +26,7 @@ from .engine import POLICIES, EngineSettings
 from .trace import ACTION_CODE
 
 __all__ = [
+    "CONFIG_DEVICE",
     "CapacityError",
     "Scenario",
     "SimResult",
@@ -33,14 +34,16 @@ __all__ = [
     "largest_request",
     "make_scenario",
     "recorded_settings",
+    "scenario_profile",
     "simulate",
+    "top_level_entries",
 ]
 
 _A_ALLOC = ACTION_CODE["alloc"]
 #: Newest torch minor the profiles describe; the default profile for a trace is the newest one.
 _NEWEST = (2, 13)
-#: config.py's device vocabulary for each profile device.
-_CONFIG_DEVICE = {"cuda": "cuda", "rocm": "hip", "npu": "cuda", "xpu": "xpu"}
+#: config.py's device vocabulary (parse_config's ``device``) for each profile device.
+CONFIG_DEVICE = {"cuda": "cuda", "rocm": "hip", "npu": "cuda", "xpu": "xpu"}
 
 
 class CapacityError(AccelGraphError, ValueError):
@@ -82,7 +85,7 @@ def recorded_settings(trace: Any) -> AllocatorSettings:
     """The settings the trace says it was recorded with (defaults when it says nothing), with
     ``expandable_segments`` set when any final segment is expandable (NPU files record no
     settings)."""
-    device = _CONFIG_DEVICE.get(trace.device_type or "cuda", "cuda")
+    device = CONFIG_DEVICE.get(trace.device_type or "cuda", "cuda")
     s = settings_from_snapshot(trace.allocator_settings or {}, device)
     if not s.expandable_segments and any(seg.get("is_expandable") for seg in trace.segments):
         s = dataclasses.replace(s, expandable_segments=True)
@@ -96,7 +99,9 @@ def largest_request(trace: Any, device: int = 0) -> int:
     return int(sizes.max()) if len(sizes) else 0
 
 
-def _resolve_profile(trace: Any, profile: str | _profiles.Profile | None) -> _profiles.Profile:
+def scenario_profile(trace: Any, profile: str | _profiles.Profile | None) -> _profiles.Profile:
+    """The profile a scenario uses: ``profile`` (a Profile, a profile name or a device name), or
+    the newest for the trace's device type. Raises :class:`UnsupportedTraceError` if unknown."""
     if isinstance(profile, _profiles.Profile):
         return profile
     if profile is None:
@@ -122,7 +127,7 @@ def make_scenario(trace: Any, config: str | None = None, *, policy: str | None =
     backend, :class:`CapacityError` for a ``cap`` below the largest request or a memory fraction
     without a cap.
     """
-    prof = _resolve_profile(trace, profile)
+    prof = scenario_profile(trace, profile)
     pol = policy or prof.policy
     notes: list[str] = []
     if profile is None and trace.device_type is None:
@@ -133,14 +138,14 @@ def make_scenario(trace: Any, config: str | None = None, *, policy: str | None =
     settings: AllocatorSettings | None = None
     canonical: str | None = None
     if config is not None:
-        settings = parse_config(config, _CONFIG_DEVICE.get(prof.device, "cuda"))
+        settings = parse_config(config, CONFIG_DEVICE.get(prof.device, "cuda"))
         canonical = settings.to_string()
         if settings.backend != "native":
             raise UnsupportedTraceError(
                 f"backend:{settings.backend} hands allocation to the driver's stream-ordered "
                 "pool, which this simulator does not model; simulate backend:native settings"
             )
-        given = {part.split(":", 1)[0].strip() for part in _top_level_entries(config)}
+        given = {part.split(":", 1)[0].strip() for part in top_level_entries(config)}
         ignored = sorted(k for k in given if k and k not in prof.settings_keys)
         if ignored:
             notes.append(f"profile {prof.name} does not honour {', '.join(ignored)}; "
@@ -153,6 +158,13 @@ def make_scenario(trace: Any, config: str | None = None, *, policy: str | None =
         if settings.garbage_collection_threshold > 0 and settings.per_process_memory_fraction >= 1.0:
             notes.append("garbage_collection_threshold acts only with per_process_memory_fraction "
                          "set (pytorch#106660): no effect here")
+    if config is None and cap is None:
+        fraction = recorded_settings(trace).per_process_memory_fraction
+        if fraction < 1.0:
+            raise CapacityError(
+                f"the trace was recorded with per_process_memory_fraction:{fraction}, a fraction "
+                "of the device; pass --cap with the device's memory (e.g. --cap 80GiB)"
+            )
     if cap is not None:
         need = largest_request(trace, device)
         if cap < need:
@@ -163,7 +175,7 @@ def make_scenario(trace: Any, config: str | None = None, *, policy: str | None =
     return Scenario(canonical, settings, prof, pol, cap, tuple(notes))
 
 
-def _top_level_entries(text: str) -> list[str]:
+def top_level_entries(text: str) -> list[str]:
     """``a:1,b:[x:1,y:2]`` -> ``['a:1', 'b:[x:1,y:2]']`` (commas inside brackets kept)."""
     out, depth, cur = [], 0, []
     for ch in text:

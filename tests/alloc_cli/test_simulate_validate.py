@@ -195,3 +195,19 @@ def test_help_and_no_command(cli):
     assert cli("--help").code == 0
     assert cli().code == common.EXIT_USAGE
     assert cli("simulate", "--bogus-option").code == common.EXIT_USAGE
+
+
+def test_recorded_memory_fraction_needs_a_cap(cli, tmp_path: Path):
+    from accel_graph.allocator.generate import generate
+    from accel_graph.allocator.snapshot import save_trace
+
+    t = generate("frag", seed=0)
+    t.allocator_settings = {"PYTORCH_CUDA_ALLOC_CONF": "per_process_memory_fraction:0.5"}
+    path = tmp_path / "fraction.pickle"
+    save_trace(t, path)
+    for cmd in ("simulate", "validate"):
+        r = cli(cmd, path)
+        assert r.code == common.EXIT_CAP and "--cap" in r.err, (cmd, r.code, r.err)
+    for cmd in ("simulate", "validate"):
+        r = cli(cmd, path, "--cap", "4GiB", "--json")
+        assert r.code == 0, r.err

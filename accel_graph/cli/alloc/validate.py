@@ -23,6 +23,7 @@ from .common import (
     format_table,
     guarded,
     load_input,
+    parse_size,
     pick_device,
 )
 
@@ -34,6 +35,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_trace_options(parser)
     parser.add_argument("--profile", default=None, metavar="NAME",
                         help="profile to validate under (default: from the trace's device type)")
+    parser.add_argument("--cap", type=parse_size, default=None, metavar="BYTES",
+                        help="the device size the trace was recorded on (needed when it was "
+                        "recorded with per_process_memory_fraction)")
     parser.add_argument("--max-error", type=float, default=None, metavar="PCT",
                         help="exit 1 when |peak reserved error| exceeds PCT percent")
     add_json_option(parser)
@@ -58,11 +62,13 @@ def _segment_sizes(trace: Any, device: int, replayed: np.ndarray) -> dict[str, A
             "equal_as_multiset": matched, "match_fraction": round(matched / denom, 6)}
 
 
-def validate_payload(trace: Any, device: int, profile: str | None) -> dict[str, Any]:
+def validate_payload(trace: Any, device: int, profile: str | None,
+                     cap: int | None = None) -> dict[str, Any]:
     from ...allocator.replay import recorded_summary
     from ...allocator.whatif import make_scenario, simulate
 
-    scenario = guarded(lambda: make_scenario(trace, None, profile=profile, device=device))
+    scenario = guarded(lambda: make_scenario(trace, None, profile=profile, cap=cap,
+                                             device=device))
     result = guarded(lambda: simulate(trace, scenario, device=device))
     sim = result.to_json()
     rec = recorded_summary(trace, device)
@@ -88,7 +94,7 @@ def validate_payload(trace: Any, device: int, profile: str | None) -> dict[str, 
 def run(args: argparse.Namespace) -> int:
     trace = load_input(args.trace, args.device_type)
     device = pick_device(trace, args.device)
-    body = validate_payload(trace, device, args.profile)
+    body = validate_payload(trace, device, args.profile, args.cap)
     peak = body["metrics"]["peak_reserved"]
     rel = peak["relative_error"] or 0.0
     failed = args.max_error is not None and abs(rel) * 100 > args.max_error
