@@ -1,5 +1,6 @@
 /* accel-graph allocator core: a caching allocator that models PyTorch's CUDA caching allocator
- * (policy `native`) and XPU's simpler one (policy `xpu`) over a pluggable upstream.
+ * (policy `native`), XPU's simpler one (policy `xpu`) and TensorFlow's BFC allocator (policy
+ * `bfc`, section "bfc policy" below) over a pluggable upstream.
  *
  * The algorithm follows shared/reference/torch-internals.md section 4 step by step; comments
  * name the step they implement. The data model is the reference's: blocks live in segments
@@ -76,6 +77,9 @@ typedef struct ag_block {
     struct ag_segment *seg;
     uint64_t gc_base;             /* pool's get_free_blocks call count at insertion */
     uint64_t stream_uses;         /* record_stream bitmask */
+    int32_t ustream;              /* allocated blocks: the stream of the request (events,
+                                   * record_stream); equal to `stream` except under bfc, whose
+                                   * blocks all sit in stream 0 of the free set */
 } ag_block;
 
 /* Free blocks are split by size bucket (floor(log2 size)): each bucket is a treap keyed by
@@ -92,6 +96,9 @@ typedef struct ag_bpool {
     uint64_t gc_calls;
     int is_small;
     struct ag_ppool *owner;   /* NULL: the default pools */
+    uint64_t bfc_region;      /* bfc: size of the next region (TF's curr_region_allocation_bytes_);
+                               * 0 until the first region */
+    int bfc_backpedal;        /* bfc: the one 0.9x backpedal has been used */
 } ag_bpool;
 
 typedef struct ag_ppool {
@@ -777,8 +784,17 @@ static inline uint64_t round_base(const ag_settings *s, uint64_t size) {
     return (size + KMIN_BLOCK - 1) / KMIN_BLOCK * KMIN_BLOCK;
 }
 
+/* bfc: TF's RoundedBytes, multiples of 256 bytes (at least 256) */
+#define BFC_MIN 256ULL
+static inline uint64_t bfc_round(uint64_t size) {
+    return size < BFC_MIN ? BFC_MIN : (size + BFC_MIN - 1) / BFC_MIN * BFC_MIN;
+}
+
 /* torch's round_size; round_extra is added first (torch_npu adds 32 bytes before rounding) */
-uint64_t ag_round_size(const ag_settings *s, uint64_t size) { return round_base(s, size + s->round_extra); }
+uint64_t ag_round_size(const ag_settings *s, uint64_t size) {
+    if (s->policy == AG_POLICY_BFC) return bfc_round(size); /* no torch rounding knob applies */
+    return round_base(s, size + s->round_extra);
+}
 
 uint64_t ag_allocation_size(const ag_settings *s, uint64_t size) {
     if (size <= KSMALL_SIZE) return KSMALL_BUFFER;
@@ -842,7 +858,7 @@ static uint64_t try_merge(ag_engine *e, ag_block *dst, ag_block *src) {
 
 static void free_block(ag_engine *e, ag_block *b) {
     ag_bpool *p = b->pool;
-    EVENT(e, AG_EV_FREE_COMPLETED, b->ptr, b->requested, b->stream, p);
+    EVENT(e, AG_EV_FREE_COMPLETED, b->ptr, b->requested, b->ustream, p);
     uint64_t orig = b->size, req = b->requested;
     hdel(e, b->ptr);
     int64_t nblocks = 0, nbytes = 0;
@@ -964,6 +980,8 @@ static void release_expandable_segment(ag_engine *e, ag_block *b) {
     blk_del(e, b);
 }
 
+static void bfc_regrow(ag_engine *e, ag_bpool *p);
+
 /* Free every whole free segment of a BlockPool; unmap the whole free pages of ES blocks. */
 static int release_blocks(ag_engine *e, ag_bpool *p) {
     size_t n = p->n_free;
@@ -974,12 +992,16 @@ static int release_blocks(ag_engine *e, ag_bpool *p) {
         return AG_ERR_NOMEM;
     }
     n = pool_collect(p, all);
-    size_t nu = 0;
+    size_t nu = 0, released = 0;
     for (size_t i = 0; i < n; i++) {
         ag_block *b = all[i];
         if (b->seg->expandable) all[nu++] = b; /* unmapping mutates the set: gather first */
-        else if (!b->prev && !b->next) release_block(e, b);
+        else if (!b->prev && !b->next) {
+            release_block(e, b);
+            released++;
+        }
     }
+    if (released && e->s.policy == AG_POLICY_BFC) bfc_regrow(e, p);
     for (size_t i = 0; i < nu; i++) {
         ag_block *b = all[i];
         unmap_block(e, b);
@@ -1025,14 +1047,18 @@ static int release_cached_blocks(ag_engine *e) {
 
 typedef struct {
     uint64_t size, alloc_size;
-    int32_t stream;
+    int32_t stream;           /* free-set stream searched (bfc: always 0) */
+    int32_t ustream;          /* the request's stream */
     ag_bpool *pool;
     ag_block *block;
     int err; /* AG_ERR_UPSTREAM aborts the chain */
 } params;
 
 /* step 3 */
+static int bfc_find(ag_engine *e, params *p);
+
 static int get_free_block(ag_engine *e, params *p) {
+    if (e->s.policy == AG_POLICY_BFC) return bfc_find(e, p);
     ag_bpool *bp = p->pool;
     if (e->set_fraction && e->s.garbage_collection_threshold > 0.0 && max_split_on(e)) bp->gc_calls++;
     ag_block *b = pool_lower(bp, p->stream, p->size);
@@ -1245,6 +1271,149 @@ static int alloc_block(ag_engine *e, params *p, int is_retry) {
     return 1;
 }
 
+/* ------------------------------------------------------------------------------------------ */
+/* bfc policy: a model of TensorFlow's BFC allocator (best-fit with coalescing), after the     */
+/* public tensorflow/core/common_runtime/bfc_allocator.{h,cc}; docs/allocator.md "bfc policy"  */
+/*
+ * - Requests are rounded to multiples of 256 bytes (bfc_round). There is no small/large split:
+ *   every block lives in the BlockPool `large` (of the default pools, or of a private pool).
+ * - Stream-unaware: every chunk sits in stream 0 of the free set, so any request reuses any
+ *   free chunk; regions (segments) belong to stream 0. The request's stream is kept in
+ *   `ustream` for the events and for record_stream, whose deferred frees work as elsewhere.
+ * - Best fit: TF searches 21 power-of-two bins, each ordered by (size, address), from the
+ *   request's bin upwards, and takes the first chunk that is large enough. That is the smallest
+ *   sufficient chunk, lowest address first, which is what pool_lower returns from our
+ *   (stream 0, size, address) set; the bins themselves change nothing observable.
+ * - Split (should_split): when the chunk is at least twice the request, or the remainder is
+ *   128 MiB or more; the allocation keeps the low part. Otherwise the whole chunk is handed out.
+ * - Free: coalesce with the free neighbours of the same region (the shared free_block).
+ * - Extend (allow_growth): the next region size starts at min(limit, 2 MiB); a request larger
+ *   than it doubles it until it fits (that region is then exactly the doubled size), otherwise
+ *   it doubles after each region. A region is min(next size, limit - reserved) bytes; when the
+ *   upstream refuses it, the first time ever, the size backs off by 0.9x (rounded) while it
+ *   still holds the request. The limit is the cap, the capacity and the memory fraction, the
+ *   smallest that applies.
+ * - On the way to OOM (TF's garbage_collection, on by default for GPUs): when no chunk fits
+ *   and no region can be added, every wholly free region of the BlockPool is returned to the
+ *   upstream if that could make room (limit - reserved + their bytes >= request; counted in
+ *   num_alloc_retries), and the extension is tried once more.
+ * - empty_cache (no TF equivalent) returns every wholly free region; a BlockPool that lost a
+ *   region restarts its growth at max(first size, 2 x its largest remaining region).
+ */
+#define BFC_FIRST_REGION (2ULL << 20)
+#define BFC_MAX_REGION (1ULL << 58) /* the next-region size stops doubling here (set keys) */
+#define BFC_BACKPEDAL 0.9
+
+static uint64_t bfc_limit(const ag_engine *e) {
+    uint64_t lim = e->capacity;
+    if (e->s.cap && e->s.cap < lim) lim = e->s.cap;
+    if (e->set_fraction && e->allowed_max < lim) lim = e->allowed_max;
+    return lim;
+}
+
+static uint64_t bfc_first_region(const ag_engine *e) {
+    uint64_t lim = bfc_limit(e);
+    return bfc_round(lim < BFC_FIRST_REGION ? lim : BFC_FIRST_REGION);
+}
+
+static void bfc_regrow(ag_engine *e, ag_bpool *p) {
+    uint64_t largest = 0;
+    for (ag_segment *g = e->segs; g; g = g->lnext)
+        if (g->pool == p && g->size > largest) largest = g->size;
+    uint64_t next = largest > BFC_MAX_REGION / 2 ? BFC_MAX_REGION : 2 * largest;
+    uint64_t first = bfc_first_region(e);
+    p->bfc_region = next > first ? next : first;
+}
+
+/* FindChunkPtr: the smallest free chunk that holds the request, lowest address first */
+static int bfc_find(ag_engine *e, params *p) {
+    ag_block *b = pool_lower(p->pool, 0, p->size);
+    if (!b) return 0;
+    pool_erase(p->pool, b);
+    p->block = b;
+    return 1;
+}
+
+/* Extend: add one region to the BlockPool as one free chunk */
+static int bfc_extend(ag_engine *e, params *p) {
+    if (p->err) return 0;
+    ag_bpool *bp = p->pool;
+    uint64_t lim = bfc_limit(e), used = (uint64_t)e->st.reserved_bytes[0].current;
+    uint64_t avail = lim > used ? (lim - used) / BFC_MIN * BFC_MIN : 0;
+    if (p->size > avail) return 0;
+    if (!bp->bfc_region) bp->bfc_region = bfc_first_region(e);
+    int increased = 0;
+    while (p->size > bp->bfc_region) {
+        bp->bfc_region *= 2;
+        increased = 1;
+    }
+    uint64_t bytes = bp->bfc_region < avail ? bp->bfc_region : avail;
+    p->alloc_size = bytes;
+    uint64_t ptr = 0;
+    int rc = up_alloc(e, bytes, &ptr);
+    if (rc == AG_ERR_OOM && !bp->bfc_backpedal) {
+        bp->bfc_backpedal = 1; /* only once, as TF's started_backpedal_ */
+        while (rc == AG_ERR_OOM) {
+            uint64_t less = bfc_round((uint64_t)((double)bytes * BFC_BACKPEDAL));
+            if (less < p->size || less >= bytes) break;
+            bytes = less;
+            rc = up_alloc(e, bytes, &ptr);
+        }
+    }
+    if (rc) {
+        if (rc != AG_ERR_OOM) p->err = rc;
+        return 0;
+    }
+    if (!increased && bp->bfc_region < BFC_MAX_REGION) bp->bfc_region *= 2;
+    ag_segment *g = seg_new(e, ptr, bytes, bp, 0);
+    if (!g) {
+        up_free(e, ptr, bytes);
+        p->err = AG_ERR_NOMEM;
+        return 0;
+    }
+    ag_block *b = blk_new(e);
+    b->ptr = ptr;
+    b->size = bytes;
+    b->stream = 0;
+    b->pool = bp;
+    b->seg = g;
+    g->head = b;
+    pool_insert(bp, b);
+    p->alloc_size = bytes;
+    stat2(e->st.segment, bp, 1);
+    stat2(e->st.reserved_bytes, bp, (int64_t)bytes);
+    e->st.num_device_alloc++;
+    e->st.device_mallocs++;
+    EVENT(e, AG_EV_SEGMENT_ALLOC, ptr, bytes, 0, bp);
+    return 1;
+}
+
+/* DeallocateFreeRegions: give back every wholly free region of the BlockPool if that can
+ * make room for the request */
+static int bfc_deallocate_free_regions(ag_engine *e, params *p) {
+    if (p->err || e->no_release) return 0;
+    ag_bpool *bp = p->pool;
+    uint64_t total = 0;
+    for (ag_segment *g = e->segs; g; g = g->lnext)
+        if (g->pool == bp && !g->head->next && !g->head->allocated && !g->head->event_count) total += g->size;
+    if (!total) return 0;
+    uint64_t lim = bfc_limit(e), used = (uint64_t)e->st.reserved_bytes[0].current;
+    uint64_t avail = (lim > used ? lim - used : 0) + total;
+    if (p->size > avail) return 0;
+    e->st.num_alloc_retries++;
+    /* in address order, as TF walks its regions */
+    for (;;) {
+        ag_segment *low = NULL;
+        for (ag_segment *g = e->segs; g; g = g->lnext)
+            if (g->pool == bp && !g->head->next && !g->head->allocated && !g->head->event_count &&
+                (!low || g->base < low->base))
+                low = g;
+        if (!low) break;
+        release_block(e, low->head);
+    }
+    return 1;
+}
+
 /* MemPools made with use_on_oom lend their free blocks to default-pool requests as a last
  * resort, lowest pool id first (torch keeps them in an ordered set of ids). */
 static ag_ppool *find_ppool(const ag_engine *e, int64_t id);
@@ -1298,6 +1467,9 @@ static int should_split(const ag_engine *e, const ag_block *b, uint64_t size) {
     const ag_bpool *bp = b->pool;
     if (bp->owner && bp->owner->no_split) return 0;
     uint64_t rem = b->size - size;
+    /* bfc (TF FindChunkPtr): split when the chunk is at least twice the request, or when
+     * keeping it whole would waste 128 MiB or more */
+    if (e->s.policy == AG_POLICY_BFC) return rem >= size || rem >= (128ULL << 20);
     if (bp->is_small || e->s.expandable_segments) return rem >= KMIN_BLOCK;
     if (max_split_on(e) && size >= e->s.max_split_size) return 0;
     return rem > KSMALL_SIZE;
@@ -1362,8 +1534,9 @@ static ag_block *alloc_found_block(ag_engine *e, params *p, uint64_t orig) {
     b->allocated = 1;
     b->requested = orig;
     b->stream_uses = 0;
+    b->ustream = p->ustream;
     hput(e, b->ptr, b);
-    EVENT(e, AG_EV_ALLOC, b->ptr, orig, b->stream, bp);
+    EVENT(e, AG_EV_ALLOC, b->ptr, orig, b->ustream, bp);
     stat2(e->st.allocation, bp, 1);
     stat2(e->st.allocated_bytes, bp, (int64_t)b->size);
     stat2(e->st.active, bp, 1);
@@ -1440,9 +1613,11 @@ static int64_t im_malloc(ag_engine *e, int64_t size, int32_t stream, int64_t poo
 
     /* step 2 */
     params p = {0};
+    int bfc = e->s.policy == AG_POLICY_BFC;
     p.size = ag_round_size(&e->s, (uint64_t)size);
-    p.stream = stream;
-    int small = p.size <= KSMALL_SIZE;
+    p.stream = bfc ? 0 : stream; /* bfc is stream-unaware */
+    p.ustream = stream;
+    int small = !bfc && p.size <= KSMALL_SIZE;
     if (explicit_pool) {
         p.pool = small ? &explicit_pool->small : &explicit_pool->large;
     } else {
@@ -1454,10 +1629,14 @@ static int64_t im_malloc(ag_engine *e, int64_t size, int32_t stream, int64_t poo
             }
         }
     }
-    p.alloc_size = ag_allocation_size(&e->s, p.size);
+    p.alloc_size = bfc ? p.size : ag_allocation_size(&e->s, p.size);
 
     int found = get_free_block(e, &p);
-    if (!found) {
+    if (!found && bfc) {
+        /* TF's AllocateRawInternal: find, extend, (use_on_oom pools), free regions + extend */
+        found = (bfc_extend(e, &p) && bfc_find(e, &p)) || try_mempool_fallback(e, &p) ||
+                (bfc_deallocate_free_regions(e, &p) && bfc_extend(e, &p) && bfc_find(e, &p));
+    } else if (!found) {
         /* no_release (the plug-in's stream is capturing): skip every step that frees memory */
         if (e->set_fraction && e->s.garbage_collection_threshold > 0.0 && max_split_on(e) && !e->no_release)
             garbage_collect_cached_blocks(e);
@@ -1484,7 +1663,7 @@ static int64_t im_malloc(ag_engine *e, int64_t size, int32_t stream, int64_t poo
         o->expandable_segments = e->s.expandable_segments;
         o->requested = (uint64_t)size;
         o->rounded = p.size;
-        o->alloc_size = p.alloc_size;
+        o->alloc_size = bfc ? p.size : p.alloc_size;
         o->capacity = e->capacity;
         o->device_free = device_free_bytes(e);
         o->allowed = e->allowed_max;
@@ -1493,7 +1672,7 @@ static int64_t im_malloc(ag_engine *e, int64_t size, int32_t stream, int64_t poo
         o->cached_in_private_pools = cached_in_private_pools(e);
         EVENT(e, AG_EV_OOM, o->device_free, p.size, stream, p.pool);
         return fail(e, AG_ERR_OOM, "out of memory: tried to allocate %llu bytes",
-                    (unsigned long long)p.alloc_size);
+                    (unsigned long long)(bfc ? p.size : p.alloc_size));
     }
     ag_block *b = alloc_found_block(e, &p, (uint64_t)size);
     return (int64_t)b->ptr;
@@ -1509,7 +1688,7 @@ static int im_free(ag_engine *e, uint64_t ptr) {
     b->allocated = 0;
     stat2(e->st.allocation, p, -1);
     stat2(e->st.allocated_bytes, p, -(int64_t)b->size);
-    EVENT(e, AG_EV_FREE_REQUESTED, b->ptr, b->requested, b->stream, p);
+    EVENT(e, AG_EV_FREE_REQUESTED, b->ptr, b->requested, b->ustream, p);
     if (max_split_on(e) && b->size >= e->s.max_split_size) stat_add(&e->st.oversize_allocations, -1);
     if (b->stream_uses) {
         /* one event per use stream; the block is active_pending_free until they complete */
@@ -1531,7 +1710,7 @@ static int im_record_stream(ag_engine *e, uint64_t ptr, int32_t stream) {
     if (!b || !b->allocated)
         return fail(e, AG_ERR_BAD_PTR, "record_stream(0x%llx): not an allocated block of this engine",
                     (unsigned long long)ptr);
-    if (stream != b->stream) b->stream_uses |= 1ULL << stream; /* uses on the own stream need no sync */
+    if (stream != b->ustream) b->stream_uses |= 1ULL << stream; /* uses on the own stream need no sync */
     return AG_OK;
 }
 
@@ -1819,7 +1998,7 @@ out:
 /* create / destroy                                                                            */
 
 static int validate(const ag_settings *s, char *err, size_t errlen) {
-    if (s->policy != AG_POLICY_NATIVE && s->policy != AG_POLICY_XPU) {
+    if (s->policy != AG_POLICY_NATIVE && s->policy != AG_POLICY_XPU && s->policy != AG_POLICY_BFC) {
         snprintf(err, errlen, "unknown policy %d", s->policy);
         return AG_ERR_INVALID;
     }
@@ -1858,7 +2037,7 @@ static int validate(const ag_settings *s, char *err, size_t errlen) {
         snprintf(err, errlen, "garbage_collection_threshold must be in [0, 1), got %g", s->garbage_collection_threshold);
         return AG_ERR_INVALID;
     }
-    if (s->expandable_segments && s->upstream == AG_UPSTREAM_DEVICE) {
+    if (s->expandable_segments && s->upstream == AG_UPSTREAM_DEVICE && s->policy != AG_POLICY_BFC) {
         snprintf(err, errlen, "expandable segments need the driver's virtual-memory API, which the device "
                               "upstream does not use; use the counting or host upstream, or turn them off");
         return AG_ERR_UNSUPPORTED;
@@ -1877,6 +2056,15 @@ int ag_engine_create(const ag_settings *settings, const char *device_libs, ag_en
         return AG_ERR_NOMEM;
     }
     e->s = *settings;
+    if (settings->policy == AG_POLICY_BFC) {
+        /* bfc ignores torch's knobs (validated above all the same): no expandable segments,
+         * no max_split_size rules, no GC threshold, no NPU padding; see "bfc policy" */
+        e->s.expandable_segments = 0;
+        e->s.expandable_head_align = 0;
+        e->s.round_extra = 0;
+        e->s.max_split_size = UINT64_MAX;
+        e->s.garbage_collection_threshold = 0.0;
+    }
     e->up.kind = settings->upstream;
     e->up.next_addr = COUNTING_BASE;
     e->small.is_small = 1;

@@ -1,7 +1,7 @@
 /* accel-graph allocator core: the C API.
  *
  * One engine is one device's caching allocator: a policy (PyTorch's `native` CUDA caching
- * allocator or XPU's simpler one) over an upstream raw allocator (host memory, a counting
+ * allocator, XPU's simpler one, or a model of TensorFlow's BFC allocator) over an upstream raw allocator (host memory, a counting
  * simulator, or cudaMalloc/hipMalloc resolved with dlopen at run time).
  *
  * Contract for every function: nothing here prints, aborts or longjmps. Failures return a
@@ -33,7 +33,8 @@ enum {
     AG_ERR_STATE = -9        /* call not legal in the current state (end without begin, ...) */
 };
 
-enum { AG_POLICY_NATIVE = 0, AG_POLICY_XPU = 1 };
+/* bfc: TensorFlow's BFC allocator (best-fit with coalescing), docs/allocator.md "bfc policy" */
+enum { AG_POLICY_NATIVE = 0, AG_POLICY_XPU = 1, AG_POLICY_BFC = 2 };
 /* Private pool flags (torch's MemPool arguments). */
 enum { AG_POOL_NO_SPLIT = 1, AG_POOL_USE_ON_OOM = 2 };
 enum { AG_UPSTREAM_HOST = 0, AG_UPSTREAM_COUNTING = 1, AG_UPSTREAM_DEVICE = 2 };

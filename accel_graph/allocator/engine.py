@@ -1,7 +1,9 @@
 """The caching-allocator engine: a thin Python face over the C core (``_core``, built by cffi).
 
 One :class:`Engine` is one device's caching allocator: a policy (``"native"``, PyTorch's CUDA
-caching allocator; ``"xpu"``, XPU's simpler one) over an upstream (``"host"`` memory, usable by
+caching allocator; ``"xpu"``, XPU's simpler one; ``"bfc"``, a model of TensorFlow's BFC allocator,
+best fit with coalescing, which ignores streams and every torch knob but the cap, the capacity and
+the memory fraction: docs/allocator.md "bfc policy") over an upstream (``"host"`` memory, usable by
 tensors; ``"counting"``, a simulator that hands out fake addresses and moves no memory;
 ``"device"``, ``cudaMalloc``/``hipMalloc`` resolved at run time). The simulator and the allocator
 are the same code.
@@ -52,7 +54,7 @@ __all__ = [
 MIB = 1 << 20
 _U64_MAX = (1 << 64) - 1
 _INTERVALS = 16
-POLICIES = ("native", "xpu")
+POLICIES = ("native", "xpu", "bfc")  # index = AG_POLICY_* in _core.h
 UPSTREAMS = ("host", "counting", "device")
 
 #: Opcodes of :meth:`Engine.replay` (``AG_OP_*`` in _core.h).
@@ -246,6 +248,12 @@ def _check(rc: int, engine: Engine | None = None, message: str | None = None) ->
             info = core.ffi.new("ag_oom_info *")
             lib.ag_last_oom(engine._e, info)
             message = oom_message(info, engine.device_name, engine.device_index, engine._conf_var)
+            if engine.policy == "bfc":
+                # torch's expandable-segments hint does not apply to the BFC model
+                message = message.split(" If reserved but unallocated", 1)[0] + (
+                    " (policy bfc: a model of TensorFlow's BFC allocator; torch's allocator "
+                    "settings do not apply)"
+                )
         raise _errors.OutOfMemoryError(message)
     if rc in (lib.AG_ERR_INVALID, lib.AG_ERR_BAD_PTR, lib.AG_ERR_UNSUPPORTED):
         raise ConfigError(message)
@@ -476,7 +484,8 @@ class Engine:
 
     def memory_stats(self) -> dict[str, int]:
         """torch.cuda.memory_stats()-shaped flat dict (plus ``accel.*`` extras)."""
-        return memory_stats_dict(self._raw_stats(), self.settings.max_split_size)
+        max_split = None if self.policy == "bfc" else self.settings.max_split_size
+        return memory_stats_dict(self._raw_stats(), max_split)
 
     def reset_peak_stats(self) -> None:
         self._lib.ag_reset_peak_stats(self._e)
