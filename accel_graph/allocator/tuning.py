@@ -697,6 +697,8 @@ def tune(trace: Any, *, objective: str = "peak", cap: int | None = None,
                                  + (["expandable_segments:True"] if True in space.expandable
                                     else []))
             jobs_alt = [(c, ap) for c in cfgs][:3]
+            if ap == "bfc":  # BFC ignores every knob but the cap: one row says it all
+                jobs_alt = [("", ap)]
             for (cfg, _), m in zip(jobs_alt, ev.run(jobs_alt), strict=True):
                 alts.append(make(cfg, "policy", m, ap, None, None))
         if progress is not None:
