@@ -21,7 +21,7 @@ TOP_KEYS = {
     "budget", "evaluated", "distinct_results", "alternatives_evaluated", "rejected",
     "space_size", "stages", "skipped_knobs", "baseline", "ranked", "pareto",
     "alternative_policies", "recommendation", "warnings", "uses", "private_pools", "accuracy",
-    "seconds",
+    "seconds", "floor",
 }
 ROW_KEYS = {
     "config", "label", "policy", "stage", "peak_reserved", "peak_allocated", "device_mallocs",
@@ -187,3 +187,14 @@ def test_private_pools_strengthen_the_es_warning(cli, tmp_path):
     assert "expandable_segments:True" in p["recommendation"]["config"]
     ws = {w["code"]: w for w in p["warnings"]}
     assert ws["es-private-pools"]["severity"] == "high"
+
+
+def test_floor_is_the_live_peak_and_below_every_candidate(frag_json):
+    from accel_graph.allocator.analysis import inspect_trace
+    from accel_graph.allocator.generate import generate
+
+    fl = frag_json["floor"]
+    assert fl["peak_requested"] == inspect_trace(generate("frag", seed=0))["peaks"]["requested"]
+    assert all(r["peak_reserved"] >= fl["peak_requested"] for r in frag_json["ranked"])
+    rec = frag_json["recommendation"]["peak_reserved"]
+    assert fl["recommended_over_floor"] == rec - fl["peak_requested"] >= 0

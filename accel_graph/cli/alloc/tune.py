@@ -116,8 +116,21 @@ def tune_payload(trace: Any, args: argparse.Namespace, device: int, uses: tuple[
                                       device=device, jobs=args.jobs))
     finally:
         bar.close()
-    return result_payload(result, trace=args.trace, device_type=trace.device_type,
-                          top=args.top, uses=uses, environ=environ)
+    payload = result_payload(result, trace=args.trace, device_type=trace.device_type,
+                             top=args.top, uses=uses, environ=environ)
+    payload["floor"] = _floor(trace, device, payload["recommendation"]["peak_reserved"])
+    return payload
+
+
+def _floor(trace: Any, device: int, recommended_peak: int) -> dict[str, Any]:
+    """The lower bound no allocator can beat: the peak of bytes live at once (requested sizes,
+    start state included), and how far the recommendation is above it."""
+    from ...allocator.whatif import make_scenario, simulate
+
+    live = int(simulate(trace, make_scenario(trace, "", device=device), device=device)
+               .replay.peak_requested)
+    return {"peak_requested": live, "recommended_over_floor": recommended_peak - live,
+            "recommended_over_floor_relative": round(recommended_peak / live - 1, 6) if live else None}
 
 
 def result_payload(result: Any, *, trace: str, device_type: str | None, top: int = 10,
@@ -265,6 +278,15 @@ def render(p: dict[str, Any]) -> str:
     lines += [
         f"  peak reserved {fmt_bytes(r['peak_reserved'])}, {_pct(r)} vs baseline; device "
         f"calls {r['device_calls']} (baseline {b['device_calls']}); ooms {r['ooms']}",
+    ]
+    fl = p.get("floor")
+    if fl:
+        rel = fl["recommended_over_floor_relative"]
+        lines.append(
+            f"  floor: {fmt_bytes(fl['peak_requested'])} live at once (no allocator reserves less); "
+            f"the recommendation is {fmt_bytes(fl['recommended_over_floor'])} above it"
+            + ("" if rel is None else f" (+{100 * rel:.1f}%)"))
+    lines += [
         "  expected accuracy: peak error "
         + ("unknown (the trace records no segment events)" if err is None else f"{err:.2f}%")
         + " (replay under the recorded settings vs the recorded peak; `accel-alloc validate`)",
