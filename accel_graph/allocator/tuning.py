@@ -571,7 +571,7 @@ def tune(trace: Any, *, objective: str = "peak", cap: int | None = None,
     base_sc = make_scenario(trace, None, profile=profile, cap=cap, device=device)  # checks cap
     space = build_space(trace, base_sc.profile, cap)
     pol = space.policy
-    rec = recorded_settings(trace)
+    rec = recorded_settings(trace, device)
     if rec.per_process_memory_fraction < 1.0 and cap is None:
         raise CapacityError(
             f"the trace was recorded with per_process_memory_fraction:"

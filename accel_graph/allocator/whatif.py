@@ -81,13 +81,15 @@ class Scenario:
                 "policy": self.policy, "cap": self.cap, "notes": list(self.notes)}
 
 
-def recorded_settings(trace: Any) -> AllocatorSettings:
+def recorded_settings(trace: Any, device: int | None = None) -> AllocatorSettings:
     """The settings the trace says it was recorded with (defaults when it says nothing), with
-    ``expandable_segments`` set when any final segment is expandable (NPU files record no
-    settings)."""
-    device = CONFIG_DEVICE.get(trace.device_type or "cuda", "cuda")
-    s = settings_from_snapshot(trace.allocator_settings or {}, device)
-    if not s.expandable_segments and any(seg.get("is_expandable") for seg in trace.segments):
+    ``expandable_segments`` set when a final segment of ``device`` (any device when None) is
+    expandable (NPU files record no settings; one file may hold devices recorded differently)."""
+    kind = CONFIG_DEVICE.get(trace.device_type or "cuda", "cuda")
+    s = settings_from_snapshot(trace.allocator_settings or {}, kind)
+    if not s.expandable_segments and any(
+            seg.get("is_expandable") for seg in trace.segments
+            if device is None or seg.get("device", 0) == device):
         s = dataclasses.replace(s, expandable_segments=True)
     return s
 
@@ -159,7 +161,7 @@ def make_scenario(trace: Any, config: str | None = None, *, policy: str | None =
             notes.append("garbage_collection_threshold acts only with per_process_memory_fraction "
                          "set (pytorch#106660): no effect here")
     if config is None and cap is None:
-        fraction = recorded_settings(trace).per_process_memory_fraction
+        fraction = recorded_settings(trace, device).per_process_memory_fraction
         if fraction < 1.0:
             raise CapacityError(
                 f"the trace was recorded with per_process_memory_fraction:{fraction}, a fraction "
@@ -235,9 +237,10 @@ class SimResult:
         }
 
 
-def engine_settings(scenario: Scenario, trace: Any) -> EngineSettings:
+def engine_settings(scenario: Scenario, trace: Any, device: int | None = None) -> EngineSettings:
     """The :class:`EngineSettings` a scenario replays with (cap and capacity included)."""
-    parsed = scenario.settings if scenario.settings is not None else recorded_settings(trace)
+    parsed = (scenario.settings if scenario.settings is not None
+              else recorded_settings(trace, device))
     overrides: dict[str, Any] = {}
     if scenario.cap is not None:
         overrides["cap"] = scenario.cap
@@ -252,7 +255,7 @@ def simulate(trace: Any, scenario: Scenario, *, device: int = 0,
 
     if not len(trace.events(device)):
         raise UnsupportedTraceError(f"the trace has no events for device {device}")
-    es = engine_settings(scenario, trace)
+    es = engine_settings(scenario, trace, device)
     kw: dict[str, Any] = {}
     if keep_events:
         kw["keep_events"] = True
