@@ -249,8 +249,14 @@ def engine_settings(scenario: Scenario, trace: Any, device: int | None = None) -
 
 
 def simulate(trace: Any, scenario: Scenario, *, device: int = 0,
-             keep_events: bool = False) -> SimResult:
-    """Replay one device's events of ``trace`` under ``scenario`` (one C call)."""
+             keep_events: bool = False, cache_ops: bool = True) -> SimResult:
+    """Replay one device's events of ``trace`` under ``scenario`` (one C call).
+
+    ``cache_ops``: reuse the trace-to-ops conversion across calls on the same trace
+    (:func:`~accel_graph.allocator.replay.build_ops_cached`: keyed by every input it reads,
+    trace contents checked on each call; the results are identical either way). A search such
+    as :func:`~accel_graph.allocator.tuning.tune` makes only a few distinct conversions.
+    """
     from .replay import replay_trace
 
     if not len(trace.events(device)):
@@ -260,7 +266,7 @@ def simulate(trace: Any, scenario: Scenario, *, device: int = 0,
     if keep_events:
         kw["keep_events"] = True
     r = replay_trace(trace, es, policy=scenario.policy, device=device,
-                     profile=scenario.profile, **kw)
+                     profile=scenario.profile, cache_ops=cache_ops, **kw)
     return SimResult(
         scenario=scenario,
         device=device,
