@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from collections.abc import Iterable, Sequence
@@ -95,9 +96,15 @@ def parse_size(text: str) -> int:
         value = float(num)
     except ValueError:
         value = -1.0
-    if unit not in _UNITS or not value > 0:
+    if unit not in _UNITS or not (value > 0 and math.isfinite(value)):
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a size; write bytes or a number with a unit, e.g. 80GiB, 512MiB"
+        )
+    if _UNITS[unit] == 1 and value != int(value):
+        # "--cap 0.9" is a memory fraction typed where a size goes; "1.5" bytes is no size
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a whole number of bytes; give the device size with a unit, e.g. "
+            "80GiB (a memory fraction goes in the config: per_process_memory_fraction:0.9)"
         )
     return int(value * _UNITS[unit])
 
@@ -149,9 +156,9 @@ def _numeric(cell: str) -> bool:
 # options shared by commands
 
 
-def add_json_option(parser: argparse.ArgumentParser) -> None:
+def add_json_option(parser: argparse.ArgumentParser, doc: str = "docs/accel-alloc.md") -> None:
     parser.add_argument("--json", action="store_true",
-                        help="print one JSON document (schema in docs/accel-alloc.md) instead of text")
+                        help=f"print one JSON document (schema in {doc}) instead of text")
 
 
 def add_trace_options(parser: argparse.ArgumentParser, *, nargs: str | None = None) -> None:
@@ -180,8 +187,8 @@ def add_scenario_options(parser: argparse.ArgumentParser, *, config_required: bo
                             "'expandable_segments:True,max_split_size_mb:256'; 'recorded' (the "
                             "default) = the settings the trace was recorded with")
     parser.add_argument("--policy", default=None, metavar="NAME",
-                        help="allocator policy to simulate: native (PyTorch's caching allocator) "
-                        "or xpu (default: the profile's)")
+                        help="allocator policy to simulate: native (PyTorch's caching allocator), "
+                        "xpu or bfc (TensorFlow's BFC allocator) (default: the profile's)")
     parser.add_argument("--profile", default=None, metavar="NAME",
                         help="torch version x device profile, e.g. cuda-2.13, cuda-2.9, rocm-2.13, "
                         "npu, xpu (default: from the trace's device type, newest torch); "
@@ -197,6 +204,14 @@ FROM_ARGS = object()
 RECORDED_WORDS = ("recorded", "as-recorded")
 
 
+def config_text(value: str | None) -> str | None:
+    """A ``--config`` value with the words of :data:`RECORDED_WORDS` (any case, surrounding
+    blanks ignored) turned into None, "as recorded"; every command reads them the same way."""
+    if isinstance(value, str) and value.strip().lower() in RECORDED_WORDS:
+        return None
+    return value
+
+
 def scenario_from_args(args: argparse.Namespace, trace: Any, config: Any = FROM_ARGS,
                        device: int = 0) -> Any:
     """A :class:`~accel_graph.allocator.whatif.Scenario` from the shared options (``config``
@@ -204,9 +219,7 @@ def scenario_from_args(args: argparse.Namespace, trace: Any, config: Any = FROM_
     user error turned into a :class:`CliError` carrying the documented exit code."""
     from ...allocator.whatif import make_scenario
 
-    text = args.config if config is FROM_ARGS else config
-    if isinstance(text, str) and text.strip().lower() in RECORDED_WORDS:
-        text = None
+    text = config_text(args.config if config is FROM_ARGS else config)
     return guarded(lambda: make_scenario(
         trace, text, policy=args.policy, profile=args.profile, cap=args.cap, device=device))
 
@@ -245,20 +258,38 @@ def load_input(path: str, device_type: str | None = None) -> Any:
     return guarded(lambda: load_trace(path, device_type=device_type))
 
 
-def pick_device(trace: Any, device: int | None) -> int:
-    """The device index to simulate: ``device`` if it has events, else the busiest one."""
+#: Said when a file holds segments but no events: nothing to replay.
+NO_HISTORY = ("the file holds the allocator's segments but no event history (the legacy list "
+              "format of torch.cuda.memory_snapshot(), or a snapshot taken without "
+              "torch.cuda.memory._record_memory_history()), so there is nothing to replay; "
+              "`accel-alloc inspect` shows the state it captured. Record with "
+              "_record_memory_history() before the workload to simulate it")
+
+
+def pick_device(trace: Any, device: int | None, *, quiet: bool = False) -> int:
+    """The device index to simulate: ``device`` if it has events, else the busiest one (with a
+    warning on stderr naming the others, unless ``quiet``)."""
     counts = {i: len(a) for i, a in enumerate(trace.device_traces)}
     if device is not None:
         if not counts.get(device):
+            if not any(counts.values()) and trace.segments:
+                raise CliError(NO_HISTORY, EXIT_UNSUPPORTED)
             have = ", ".join(str(i) for i, n in counts.items() if n) or "none"
             raise CliError(f"the trace has no events for device {device} (devices with events: "
                            f"{have}); pass --device with one of those", EXIT_UNSUPPORTED)
         return device
     if not any(counts.values()):
+        if trace.segments:
+            raise CliError(NO_HISTORY, EXIT_UNSUPPORTED)
         raise CliError("the trace has no allocator events on any device; record with "
                        "torch.cuda.memory._record_memory_history() before the workload",
                        EXIT_UNSUPPORTED)
-    return max(counts, key=lambda i: (counts[i], -i))
+    chosen = max(counts, key=lambda i: (counts[i], -i))
+    others = [str(i) for i, n in counts.items() if n and i != chosen]
+    if others and not quiet:
+        warn(f"the trace has events for devices {', '.join(sorted(others + [str(chosen)]))}; "
+             f"using device {chosen} (the most events): pass --device N for another")
+    return chosen
 
 
 # ---------------------------------------------------------------------------------------------

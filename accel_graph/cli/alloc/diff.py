@@ -26,6 +26,7 @@ from .common import (
     add_json_option,
     add_scenario_options,
     add_trace_options,
+    config_text,
     emit,
     fmt_bytes,
     format_table,
@@ -52,8 +53,6 @@ RECORDED_METRICS: dict[str, str] = {
     "segment_alloc": "count", "segment_free": "count", "segment_map": "count",
     "segment_unmap": "count",
 }  # fmt: skip
-#: ``--config``/``--config-b`` values meaning "the settings the trace was recorded with"
-RECORDED_WORDS = ("recorded", "as-recorded")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -74,11 +73,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fail-above", type=float, default=None, metavar="PCT",
                         help="regression gate: exit 1 when B's simulated peak reserved exceeds "
                         "A's by more than PCT percent")
-    add_json_option(parser)
+    add_json_option(parser, "docs/accel-alloc-plot-diff-generate.md")
 
 
 def _config(value: str | None) -> str | None:
-    return None if value is None or value in RECORDED_WORDS else value
+    return config_text(value)
 
 
 def change(a: Any, b: Any, kind: str = "count") -> dict[str, Any]:

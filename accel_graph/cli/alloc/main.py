@@ -31,7 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "diff": ("accel_graph.cli.alloc.diff",
              "two traces, or one trace under two configs, side by side"),
     "plot": ("accel_graph.cli.alloc.plot",
-             "allocated and reserved over time under one or more configs (PNG or HTML)"),
+             "allocated and reserved over time under one or more configs (PNG, SVG or HTML)"),
     "generate": ("accel_graph.cli.alloc.generate",
                  "write a calibrated synthetic trace (train, serve, moe, rl, ...)"),
 }  # fmt: skip

@@ -30,6 +30,7 @@ from .common import (
     add_json_option,
     add_scenario_options,
     add_trace_options,
+    config_text,
     emit,
     fmt_bytes,
     format_table,
@@ -44,8 +45,6 @@ DEFAULT_MAX_POINTS = 4000
 _COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2",
            "#17becf", "#bcbd22", "#7f7f7f")  # fmt: skip
 _RECORDED_COLOR = "#222222"
-#: ``--config`` values meaning "the settings the trace was recorded with"
-RECORDED_WORDS = ("recorded", "as-recorded")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -60,7 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="points per curve after downsampling (peaks kept; default "
                         f"{DEFAULT_MAX_POINTS})")
     parser.add_argument("--title", default=None, help="figure title (default: the trace name)")
-    add_json_option(parser)
+    add_json_option(parser, "docs/accel-alloc-plot-diff-generate.md")
 
 
 def output_kind(path: str) -> str:
@@ -95,7 +94,7 @@ def build_series(trace: Any, args: argparse.Namespace, device: int) -> list[dict
 
     series: list[dict[str, Any]] = []
     for cfg in args.config or [None]:
-        cfg = None if cfg in RECORDED_WORDS else cfg
+        cfg = config_text(cfg)
         sc = guarded(lambda cfg=cfg: make_scenario(trace, cfg, policy=args.policy,
                                                    profile=args.profile, cap=args.cap,
                                                    device=device))
@@ -205,15 +204,21 @@ def draw(series: list[dict[str, Any]], title: str, max_points: int,
 
 
 def save(fig: Any, path: str, kind: str, series: list[dict[str, Any]], title: str) -> None:
-    """Write ``fig`` as png/svg, or as a self-contained HTML page with the peaks table."""
+    """Write ``fig`` as png/svg, or as a self-contained HTML page with the peaks table.
+
+    The same input gives the same bytes: no dates, and SVG element ids from a fixed salt
+    (matplotlib otherwise salts them with a random number on every run)."""
+    import matplotlib
+
     if kind == "png":
         fig.savefig(path, format="png", metadata={"Software": None})
         return
-    if kind == "svg":
-        fig.savefig(path, format="svg", metadata={"Date": None})
-        return
-    buf = io.StringIO()
-    fig.savefig(buf, format="svg", metadata={"Date": None})
+    with matplotlib.rc_context({"svg.hashsalt": "accel-alloc"}):
+        if kind == "svg":
+            fig.savefig(path, format="svg", metadata={"Date": None})
+            return
+        buf = io.StringIO()
+        fig.savefig(buf, format="svg", metadata={"Date": None})
     svg = buf.getvalue()
     svg = svg[svg.find("<svg"):]  # drop the XML declaration and DOCTYPE: inline SVG in HTML
     with open(path, "w", encoding="utf-8") as f:
