@@ -41,6 +41,44 @@ def legacy_list(tmp_path: Path, npu_dir: Path) -> Path:
     return path
 
 
+def test_inspect_rmm_log_is_a_clear_error_not_a_traceback(cli, rmm_log):
+    r = cli("inspect", rmm_log)
+    assert r.code == common.EXIT_UNSUPPORTED, r.err
+    assert "Traceback" not in r.err and "internal error" not in r.err
+    assert "no segments" in r.err and "accel-alloc simulate" in r.err
+
+
+def test_validate_without_segment_events_cannot_pass_the_gate(cli, rmm_log):
+    r = cli("validate", rmm_log, "--json")
+    assert r.code == 0
+    out = r.json()
+    assert out["comparable"] is False and out["exact"] is False
+    assert any("no segment events" in n for n in out["notes"])
+    r = cli("validate", rmm_log, "--max-error", "50", "--json")
+    assert r.code == common.EXIT_CHECK_FAILED
+    assert r.json()["passed"] is False
+    assert "cannot be validated" in cli("validate", rmm_log).out
+
+
+def test_validate_gate_still_passes_on_an_exact_trace(cli, frag_trace):
+    r = cli("validate", frag_trace, "--max-error", "0", "--json")
+    assert r.code == 0 and r.json()["comparable"] is True and r.json()["passed"] is True
+
+
+def test_inspect_legacy_list_reports_the_snapshot_state(cli, legacy_list):
+    r = cli("inspect", legacy_list, "--json")
+    assert r.code == 0, r.err
+    out = r.json()
+    assert out["events"]["total"] == 0
+    assert out["peaks"]["reserved"] == out["peaks"]["final_reserved"] == 486 << 20
+    waste = out["waste_at_peak"]
+    assert sum(waste.values()) == out["at_peak"]["reserved"] - out["at_peak"]["requested"]
+    assert any("no event history" in n for n in out["notes"])
+    text = cli("inspect", legacy_list).out
+    assert "at the snapshot" in text and "after event -1" not in text
+    assert cli("inspect", legacy_list, "--device", "3").code == common.EXIT_UNSUPPORTED
+
+
 @pytest.mark.parametrize("command", ["simulate", "validate", "tune"])
 def test_replaying_a_legacy_list_says_why_it_cannot(cli, legacy_list, command):
     r = cli(command, legacy_list)

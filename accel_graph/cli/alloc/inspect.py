@@ -15,9 +15,14 @@ docs/accel-alloc-inspect.md. The library behind it is
 from __future__ import annotations
 
 import argparse
+from collections import Counter
 from typing import Any
 
+import numpy as np
+
 from .common import (
+    EXIT_UNSUPPORTED,
+    CliError,
     add_json_option,
     add_trace_options,
     emit,
@@ -52,16 +57,51 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_trace_options(parser)
     parser.add_argument("--top", type=_top, default=10, metavar="K",
                         help="allocation sites to list (default 10)")
-    add_json_option(parser)
+    add_json_option(parser, "docs/accel-alloc-inspect.md")
+
+
+#: ``notes`` entry of a file that holds segments but no events (legacy list format)
+STATE_ONLY = ("the file holds segments but no event history (legacy list format, or recorded "
+              "without _record_memory_history()): every figure is the state at the moment of "
+              "the snapshot")
+
+
+def choose_device(trace: Any, device: int | None) -> tuple[int, list[str]]:
+    """The device to inspect and the notes to print. A file with segments but no events (the
+    legacy list format) is inspected as the state it captured; a trace without any segment
+    information (an RMM log) cannot be split into segments and is refused (exit 5)."""
+    from ...allocator.trace import ACTION_CODE
+
+    if any(len(a) for a in trace.device_traces) or not trace.segments:
+        device = pick_device(trace, device)
+        ev = trace.events(device)
+        seg_codes = [ACTION_CODE[a] for a in ("segment_alloc", "segment_free", "segment_map",
+                                                "segment_unmap")]
+        has_segments = any(int(seg.get("device", 0)) == device for seg in trace.segments)
+        if len(ev) and not has_segments and not np.isin(ev["action"], seg_codes).any():
+            raise CliError(
+                "the trace records allocations but no segments (an RMM log, or a snapshot "
+                "without segment events), so reserved memory cannot be split into its causes; "
+                "`accel-alloc simulate` shows what PyTorch's caching allocator would reserve "
+                "for it, `accel-alloc tune` what setting suits it", EXIT_UNSUPPORTED)
+        return device, []
+    per_device = Counter(int(seg.get("device", 0)) for seg in trace.segments)
+    if device is None:
+        device = max(per_device, key=lambda d: (per_device[d], -d))
+    elif device not in per_device:
+        have = ", ".join(str(d) for d in sorted(per_device))
+        raise CliError(f"the snapshot has no segments on device {device} (devices with "
+                       f"segments: {have}); pass --device with one of those", EXIT_UNSUPPORTED)
+    return device, [STATE_ONLY]
 
 
 def run(args: argparse.Namespace) -> int:
     from ...allocator.analysis import inspect_trace
 
     trace = load_input(args.trace, args.device_type)
-    device = pick_device(trace, args.device)
+    device, notes = choose_device(trace, args.device)
     report = inspect_trace(trace, device, top=args.top)
-    payload = {"schema": report["schema"], "trace": args.trace, **report}
+    payload = {"schema": report["schema"], "trace": args.trace, **report, "notes": notes}
     emit(args, payload, render(payload))
     return 0
 
@@ -90,7 +130,11 @@ def render(p: dict[str, Any]) -> str:
                  + (f" (most allocations on {ev['main_stream']})" if ev["streams"] > 1 else "")
                  + f"; timestamps: {'yes' if ev['has_timestamps'] else 'none'}"
                  + f"; stack frames: {'yes' if ev['has_stack_frames'] else 'none'}")
-    if ev["starts_mid_run"]:
+    if not ev["total"]:
+        lines.append(f"state: {ev['pre_existing_blocks']:,} live blocks "
+                     f"({fmt_bytes(st['requested'])} requested), {fmt_bytes(st['reserved'])} "
+                     "reserved (no events: the snapshot's own state)")
+    elif ev["starts_mid_run"]:
         lines.append(f"start: mid-run: {ev['pre_existing_blocks']:,} blocks live before the "
                      f"recording began ({fmt_bytes(st['requested'])} requested), "
                      f"{fmt_bytes(st['reserved'])} reserved "
@@ -120,7 +164,9 @@ def render(p: dict[str, Any]) -> str:
 
     waste = p["waste_at_peak"]
     total = at["reserved"] - at["requested"]
-    lines += ["", f"Waste at the peak of reserved (after event {at['after_event_index']:,}: "
+    moment = ("at the snapshot" if not ev["total"] else
+              f"after event {at['after_event_index']:,}")
+    lines += ["", f"Waste at the peak of reserved ({moment}: "
               f"reserved {fmt_bytes(at['reserved'])}, requested {fmt_bytes(at['requested'])}, "
               f"{at['segments']} segments)"]
     wrows = [[_LABELS.get(c, c), fmt_bytes(v), f"{v:,}", _pct(v, total)]
@@ -146,4 +192,6 @@ def render(p: dict[str, Any]) -> str:
                                    "allocations"], srows, align="lrrrr"))
     else:
         lines.append(p.get("sites_note") or "no allocation sites to list")
+    if p.get("notes"):
+        lines += [""] + [f"note: {n}" for n in p["notes"]]
     return "\n".join(lines)
