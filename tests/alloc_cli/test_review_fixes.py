@@ -106,6 +106,33 @@ def test_plot_files_are_byte_for_byte_reproducible(cli, frag_trace, tmp_path, ex
     assert a.read_bytes() == b.read_bytes()
 
 
+@pytest.mark.parametrize("argv, code, words", [
+    (["--config", "per_process_memory_fraction:0.9"], common.EXIT_CAP, "fraction"),
+    (["--config", "backend:cudaMallocAsync"], common.EXIT_UNSUPPORTED, "cudaMallocAsync"),
+    (["--scale", "inf"], common.EXIT_USAGE, "finite"),
+    (["--scale", "nan"], common.EXIT_USAGE, "finite"),
+])
+def test_generate_refuses_what_it_cannot_run(cli, tmp_path, argv, code, words):
+    out = tmp_path / "g.pkl"
+    r = cli("generate", "-w", "frag", "-o", out, *argv)
+    assert r.code == code, r.err
+    assert words in r.err and "Traceback" not in r.err
+    assert not out.exists()
+
+
+def test_generate_output_mode_follows_the_umask(cli, tmp_path):
+    import os
+    import stat
+
+    old = os.umask(0o022)
+    try:
+        out = tmp_path / "g.agt"
+        assert cli("generate", "-w", "frag", "-o", out).code == 0
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o644
+
+
 @pytest.mark.parametrize("text", ["0.5", "1.5", "0.9"])
 def test_fractional_bytes_are_not_a_size(text):
     with pytest.raises(argparse.ArgumentTypeError, match="whole number of bytes"):
@@ -132,6 +159,27 @@ def test_busiest_device_is_chosen_with_a_warning_naming_the_others(cli, npu_dir)
     assert "warning" in r.err and "devices 0, 1" in r.err and "--device" in r.err
     r = cli("simulate", path, "--device", "1", "--json")
     assert r.code == 0 and r.err == ""
+
+
+def test_tune_pre_212_profile_labels_the_extra_variable_as_the_newer_name(cli, frag_trace):
+    r = cli("tune", frag_trace, "--profile", "cuda-2.9", "--budget", "8", "--no-progress")
+    assert r.code == 0, r.err
+    line = next(ln for ln in r.out.splitlines() if ln.strip().startswith("export PYTORCH_ALLOC_CONF"))
+    assert "newer name" in line and "older name" not in line
+    best = next((ln for ln in r.out.splitlines() if "best without expandable" in ln), None)
+    assert best is None or "device calls" in best
+
+
+@pytest.mark.parametrize("command, doc", [
+    ("inspect", "accel-alloc-inspect.md"), ("tune", "accel-alloc-tune.md"),
+    ("plot", "accel-alloc-plot-diff-generate.md"), ("diff", "accel-alloc-plot-diff-generate.md"),
+    ("generate", "accel-alloc-plot-diff-generate.md"), ("simulate", "accel-alloc.md"),
+])
+def test_help_points_at_the_page_with_the_schema(cli, command, doc):
+    r = cli(command, "--help")
+    assert r.code == 0
+    flat = " ".join(r.out.split())
+    assert doc in flat.replace("- ", "-")
 
 
 def test_policy_help_names_every_engine_policy(cli):

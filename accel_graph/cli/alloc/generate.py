@@ -12,10 +12,13 @@ anything else compact. Prints one summary line, or with ``--json`` the document
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from typing import Any
 
 from .common import (
+    EXIT_CAP,
+    EXIT_UNSUPPORTED,
     EXIT_USAGE,
     SCHEMA_VERSION,
     CliError,
@@ -51,13 +54,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", choices=("pickle", "json", "compact"), default=None,
                         help="output format (default from the extension: .pkl/.pickle pickle, "
                         ".json JSON, anything else compact)")
-    add_json_option(parser)
+    add_json_option(parser, "docs/accel-alloc-plot-diff-generate.md")
 
 
 def output_format(path: str, given: str | None) -> str:
     if given is not None:
         return given
     return FORMAT_BY_EXT.get(os.path.splitext(path)[1].lower(), "compact")
+
+
+def _honour_umask(path: str) -> None:
+    """``save_trace`` writes through a private temporary file (mode 0600); give the result the
+    mode any new file gets (0666 minus the umask), as ``open()`` would have."""
+    if not os.path.isfile(path):
+        return
+    mask = os.umask(0)
+    os.umask(mask)
+    try:
+        os.chmod(path, 0o666 & ~mask)
+    except OSError:  # pragma: no cover - not our file to change (another owner)
+        pass
 
 
 def run(args: argparse.Namespace) -> int:
@@ -67,20 +83,29 @@ def run(args: argparse.Namespace) -> int:
 
     if args.steps is not None and args.steps < 1:
         raise CliError("--steps must be >= 1", EXIT_USAGE)
-    if not args.scale > 0:
-        raise CliError("--scale must be > 0", EXIT_USAGE)
+    if not (args.scale > 0 and math.isfinite(args.scale)):
+        raise CliError("--scale must be a finite number > 0", EXIT_USAGE)
     if args.layers is not None and args.layers < 1:
         raise CliError("--layers must be >= 1", EXIT_USAGE)
     fmt = output_format(args.output, args.format)
     settings = None
     if args.config is not None:
         settings = guarded(lambda: parse_config(args.config))
-    trace = generate(args.workload, seed=args.seed, steps=args.steps, scale=args.scale,
-                     layers=args.layers, settings=settings)
+        if settings.backend != "native":
+            raise CliError(f"backend:{settings.backend} hands allocation to the driver's "
+                           "stream-ordered pool, which the generator's engine does not model; "
+                           "generate under backend:native settings", EXIT_UNSUPPORTED)
+        if settings.per_process_memory_fraction != 1.0:
+            raise CliError("per_process_memory_fraction is a fraction of the device's memory, "
+                           "and generate simulates no device size; leave it out (apply it later "
+                           "with `accel-alloc simulate --cap SIZE --config ...`)", EXIT_CAP)
+    trace = guarded(lambda: generate(args.workload, seed=args.seed, steps=args.steps,
+                                     scale=args.scale, layers=args.layers, settings=settings))
     try:
         save_trace(trace, args.output, format=fmt)
     except OSError as e:
         raise CliError(f"cannot write {args.output}: {e.strerror or e}", EXIT_USAGE) from None
+    _honour_umask(args.output)
     stats = trace_stats(trace)
     gen = (trace.allocator_settings or {}).get("accel_graph_generator", {})
     payload: dict[str, Any] = {

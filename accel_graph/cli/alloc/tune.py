@@ -57,7 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="worker processes (default 1)")
     parser.add_argument("--no-progress", action="store_true",
                         help="no progress bar on stderr (also off with --json)")
-    add_json_option(parser)
+    add_json_option(parser, "docs/accel-alloc-tune.md")
 
 
 class _Bar:
@@ -295,13 +295,18 @@ def render(p: dict[str, Any]) -> str:
         f"    {r['env_line']}",
     ]
     for a in r["also"]:
-        lines.append(f"    {a}    # same string under the older name: older releases read only "
-                     "this one, and it wins when both are set")
+        if "PYTORCH_ALLOC_CONF=" in a:  # a pre-2.12 profile: the extra line is the newer name
+            why = "same string under the newer name (torch 2.12+); the older one wins while both are set"
+        else:
+            why = ("same string under the older name: older releases read only this one, and it "
+                   "wins when both are set")
+        lines.append(f"    {a}    # {why}")
     lines += [f"  or at run time: {r['snippet']}", f"  note: {r['note']}"]
     alt = r["best_without_expandable_segments"]
     if alt is not None:
         lines.append(f"  best without expandable segments: {alt['label']} "
-                     f"(peak {fmt_bytes(alt['peak_reserved'])}, {_pct(alt)})")
+                     f"(peak {fmt_bytes(alt['peak_reserved'])}, {_pct(alt)}; device calls "
+                     f"{alt['device_calls']})")
     if p["warnings"]:
         lines += ["", "warnings:"]
         for w in p["warnings"]:
