@@ -684,7 +684,8 @@ def _layout_at(trace: Any, ev: np.ndarray, device: int, k: int, pairs: _Pairs, r
     inside = (si >= 0) & (addr < ends[np.maximum(si, 0)] if len(segs) else False)
     si = np.where(inside, si, -1)
     if len(addr):
-        seg_end = np.where(si >= 0, ends[np.maximum(si, 0)], addr + size)
+        seg_end = (np.where(si >= 0, ends[np.maximum(si, 0)], addr + size) if len(segs)
+                   else addr + size)  # no segments (RMM logs): blocks stand alone
         nxt = np.concatenate((addr[1:], [np.iinfo(np.int64).max]))
         limit = np.minimum(seg_end, np.where(nxt > addr, nxt, seg_end))
         size = np.minimum(size, np.maximum(limit - addr, 0))

@@ -96,6 +96,9 @@ class Trace:
     event_extras: dict[tuple[int, int], dict[str, Any]] = field(default_factory=dict)
     #: Unknown top-level snapshot keys, kept so that a round trip loses nothing.
     extra: dict[str, Any] = field(default_factory=dict)
+    #: A device the file names (our metadata) or implies (``torch_mlu`` frames, ...) that has
+    #: no allocator model here; ``device_type`` is then None. Not written back.
+    unsupported_device: str | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.device_type is not None and self.device_type not in DEVICE_TYPES:
@@ -188,6 +191,8 @@ class Trace:
                     p.external_annotations, p.event_extras, p.extra)  # fmt: skip
         if trace.device_type is None:
             trace.device_type = _infer_device_type(trace)
+        if trace.device_type is None:
+            trace.unsupported_device = _foreign_device(snapshot, trace)
         return trace
 
     def to_snapshot(self, *, frames: bool = True) -> dict[str, Any]:
@@ -299,6 +304,26 @@ def _strip_frames(seg: dict[str, Any]) -> dict[str, Any]:
     out = dict(seg, frames=[])
     out["blocks"] = [dict(b, frames=[]) if "frames" in b else dict(b) for b in seg["blocks"]]
     return out
+
+
+#: Frame paths of vendor extensions whose allocators have no profile here (device names).
+_FOREIGN_EXTENSIONS = {"torch_mlu": "mlu", "torch_musa": "musa", "torch_gcu": "gcu",
+                       "torch_dipu": "dipu", "torch_xla": "xla", "habana_frameworks": "hpu"}
+
+
+def _foreign_device(snapshot: object, trace: Trace) -> str | None:
+    """A device the snapshot names or implies that is not one of DEVICE_TYPES, else None."""
+    meta = snapshot.get(META_KEY) if isinstance(snapshot, dict) else None
+    named = meta.get("device_type") if isinstance(meta, dict) else None
+    if isinstance(named, str) and named and named not in DEVICE_TYPES:
+        return named[:40]
+    for stack in trace.stacks[:200]:
+        for f in stack:
+            path = str(f.get("filename", "")) if isinstance(f, dict) else ""
+            for ext, name in _FOREIGN_EXTENSIONS.items():
+                if ext in path:
+                    return name
+    return None
 
 
 def _infer_device_type(trace: Trace) -> str | None:
@@ -648,6 +673,7 @@ def save_trace(trace: Trace, path: str | os.PathLike[str], format: str | None = 
         with os.fdopen(fd, "wb") as f:
             for chunk in chunks:
                 f.write(chunk)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual file mode
         os.replace(tmp, target)
     except BaseException:
         try:
@@ -655,6 +681,21 @@ def save_trace(trace: Trace, path: str | os.PathLike[str], format: str | None = 
         except OSError:
             pass
         raise
+
+
+def _umask() -> int:
+    """The process umask, read without changing it where the OS allows (os.umask sets it, which
+    would race with other threads creating files)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _json_loads(data: bytes, source: str) -> object:

@@ -255,7 +255,15 @@ def load_input(path: str, device_type: str | None = None) -> Any:
         raise CliError(f"{path}: no such file", EXIT_BAD_TRACE)
     if os.path.isdir(path):
         raise CliError(f"{path}: is a directory; pass a trace file", EXIT_BAD_TRACE)
-    return guarded(lambda: load_trace(path, device_type=device_type))
+    trace = guarded(lambda: load_trace(path, device_type=device_type))
+    foreign = getattr(trace, "unsupported_device", None)
+    if trace.device_type is None and foreign:
+        raise CliError(
+            f"{path}: recorded on a '{foreign}' device, for which accel-alloc has no allocator "
+            "model (it models cuda, rocm, xpu and npu); if its allocator is a port of PyTorch's "
+            "CUDA caching allocator, pass --device-type cuda to analyse it as one",
+            EXIT_UNSUPPORTED)
+    return trace
 
 
 #: Said when a file holds segments but no events: nothing to replay.

@@ -63,19 +63,6 @@ def output_format(path: str, given: str | None) -> str:
     return FORMAT_BY_EXT.get(os.path.splitext(path)[1].lower(), "compact")
 
 
-def _honour_umask(path: str) -> None:
-    """``save_trace`` writes through a private temporary file (mode 0600); give the result the
-    mode any new file gets (0666 minus the umask), as ``open()`` would have."""
-    if not os.path.isfile(path):
-        return
-    mask = os.umask(0)
-    os.umask(mask)
-    try:
-        os.chmod(path, 0o666 & ~mask)
-    except OSError:  # pragma: no cover - not our file to change (another owner)
-        pass
-
-
 def run(args: argparse.Namespace) -> int:
     from ...allocator.config import parse_config
     from ...allocator.generate import generate, trace_stats
@@ -105,7 +92,6 @@ def run(args: argparse.Namespace) -> int:
         save_trace(trace, args.output, format=fmt)
     except OSError as e:
         raise CliError(f"cannot write {args.output}: {e.strerror or e}", EXIT_USAGE) from None
-    _honour_umask(args.output)
     stats = trace_stats(trace)
     gen = (trace.allocator_settings or {}).get("accel_graph_generator", {})
     payload: dict[str, Any] = {

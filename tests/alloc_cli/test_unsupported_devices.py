@@ -1,0 +1,65 @@
+"""Traces from devices accel-alloc has no allocator model for are refused with exit 5 and a
+way forward (``--device-type``), whether the file names the device or its frames imply it."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import stat
+from pathlib import Path
+
+import pytest
+
+from accel_graph.allocator.generate import generate
+from accel_graph.allocator.snapshot import load_trace, save_trace
+from accel_graph.cli.alloc import common
+
+
+def _snapshot(tmp_path: Path, name: str, edit) -> Path:
+    snap = generate("frag", seed=0).to_snapshot()
+    snap.pop("allocator_settings", None)  # its CUDA variable name would imply cuda
+    snap.pop("accel_graph", None)  # our metadata names the device
+    edit(snap)
+    path = tmp_path / name
+    path.write_bytes(pickle.dumps(snap))
+    return path
+
+
+def test_named_unknown_device(cli, tmp_path):
+    path = _snapshot(tmp_path, "tpu.pickle",
+                     lambda s: s.__setitem__("accel_graph", {"device_type": "tpu"}))
+    t = load_trace(path)
+    assert t.device_type is None and t.unsupported_device == "tpu"
+    for cmd in ("inspect", "simulate", "validate", "tune"):
+        r = cli(cmd, path)
+        assert r.code == common.EXIT_UNSUPPORTED, (cmd, r.code, r.err)
+        assert "'tpu'" in r.err and "--device-type" in r.err
+    r = cli("simulate", path, "--device-type", "cuda", "--json")
+    assert r.code == 0 and r.json()["predicted"]["profile"] == "cuda-2.13"
+
+
+def test_device_implied_by_frames(cli, tmp_path):
+    def frames(s):
+        for ev in s["device_traces"][0]:
+            ev["frames"] = [{"filename": "/opt/conda/lib/python3.10/site-packages/torch_mlu/"
+                             "memory.py", "line": 1, "name": "malloc"}]
+
+    path = _snapshot(tmp_path, "mlu.pickle", frames)
+    assert load_trace(path).unsupported_device == "mlu"
+    r = cli("validate", path)
+    assert r.code == common.EXIT_UNSUPPORTED and "'mlu'" in r.err
+
+
+def test_known_devices_are_not_flagged(npu_dir):
+    assert load_trace(npu_dir / "snapshot_expandable.pkl").unsupported_device is None
+
+
+@pytest.mark.skipif(os.name != "posix", reason="file modes")
+def test_saved_traces_get_the_usual_file_mode(tmp_path):
+    path = tmp_path / "t.json"
+    old = os.umask(0o022)
+    try:
+        save_trace(generate("frag", seed=0), path, format="json")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644
