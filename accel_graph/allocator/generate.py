@@ -403,8 +403,9 @@ def generate(workload: str, *, seed: int = 0, steps: int | None = None, scale: f
         raise ValueError(f"unknown workload {workload!r}; known: {', '.join(WORKLOADS)}")
     if steps is None:
         steps = _DEFAULT_STEPS[workload]
-    if steps < 1 or not scale > 0:
-        raise ValueError("steps must be >= 1 and scale > 0")
+    if steps < 1 or not 0 < scale < 1e6:  # also refuses nan and inf
+        raise ValueError(f"steps must be >= 1 and 0 < scale < 1e6 (got steps={steps}, "
+                         f"scale={scale})")
     parsed = _settings(settings)
     rng = np.random.default_rng(seed)
     tape = Tape()
