@@ -9,7 +9,8 @@ Mapping (see docs/allocator-fidelity.md):
 
 - ``alloc`` -> ``malloc`` of the requested size into a fresh slot per allocation (the engine
   rounds it as the profile's device does: ``EngineSettings.round_extra``, the ``xpu`` policy),
-  or ``malloc_pool`` into an engine private pool when the event's ``pool`` is nonzero;
+  or ``malloc_pool`` into an engine private pool when the event's ``pool`` is nonzero, or, when
+  it is 0, when the final segment holding it is in a private pool (:func:`infer_pools`);
 - ``free_completed`` -> ``free`` of the slot allocated last at that address (``free_requested``
   is ignored: the engine completes cross-stream frees itself, and the real trace's completion
   time is the ``free_completed`` event);
@@ -48,7 +49,9 @@ __all__ = [
     "clear_ops_cache",
     "empty_cache_positions",
     "infer_empty_cache",
+    "infer_pools",
     "infer_start_state",
+    "pool_number",
     "recorded_summary",
     "replay_trace",
 ]
@@ -398,13 +401,80 @@ def _prologue(state: dict[str, Any], expandable: bool,
     return arr, slot_of
 
 
+def pool_number(pool_id: Any) -> int:
+    """One integer for a snapshot's ``segment_pool_id``: torch's pair ``(0, n)`` (MemPool ids,
+    and what the engine's ``segments_from_layout`` writes) -> ``n``; ``(a, b)`` with ``a`` != 0
+    (CUDA graph pools, ``(uid, 0)``) -> ``a << 32 | b``; an int as is; None -> 0."""
+    if pool_id is None:
+        return 0
+    if isinstance(pool_id, (tuple, list)):
+        if len(pool_id) != 2:
+            raise ValueError(f"segment_pool_id must be a pair, got {pool_id!r}")
+        a, b = int(pool_id[0]), int(pool_id[1])
+        return b if a == 0 else (a << 32) | b
+    return int(pool_id)
+
+
+def infer_pools(trace: Any, device: int = 0) -> np.ndarray:
+    """The pool of every event of ``device`` (int64; 0 = default pool): the event's own
+    ``pool`` where nonzero. An ``alloc`` whose ``pool`` is 0 (torch's trace entries carry none)
+    gets one when it can be determined:
+
+    - the final segment containing its address is in a private pool (``segment_pool_id`` not
+      ``(0, 0)``; see :func:`pool_number`) and no ``segment_free``/``segment_unmap`` covering
+      that address follows the allocation (so the segment it went into is that final one);
+    - otherwise, it lies in a segment made by a ``segment_alloc`` event that carries a nonzero
+      ``pool``, before that segment's ``segment_free``.
+
+    Everything else stays in the default pool (0).
+    """
+    ev = trace.events(device)
+    act = ev["action"]
+    own = (ev["pool"].astype(np.int64) if "pool" in (ev.dtype.names or ())
+           else np.zeros(len(ev), np.int64))
+    out = own.copy()
+    cand = np.nonzero((act == A_ALLOC) & (own == 0))[0]
+    if not len(cand):
+        return out
+    addr = ev["addr"][cand].astype(np.uint64)
+    private = sorted((int(s["address"]), int(s["total_size"]),
+                      pool_number(s.get("segment_pool_id")))
+                     for s in trace.segments if s.get("device", device) == device)
+    rel_idx = np.nonzero(np.isin(act, (A_SEG_FREE, A_UNMAP)))[0]
+    rel_lo = ev["addr"][rel_idx].astype(np.uint64)
+    rel_hi = rel_lo + ev["size"][rel_idx].astype(np.uint64)
+    for lo, n, p in private:
+        if not p:
+            continue
+        sel = np.nonzero((addr >= lo) & (addr < lo + n))[0]
+        if not len(sel):
+            continue
+        ok = np.ones(len(sel), bool)
+        for j in np.nonzero((rel_lo < lo + n) & (rel_hi > lo))[0].tolist():
+            # released after the allocation: that allocation was in an earlier segment
+            ok &= ~((cand[sel] < rel_idx[j]) & (addr[sel] >= rel_lo[j]) & (addr[sel] < rel_hi[j]))
+        out[cand[sel[ok]]] = p
+    pooled = np.nonzero((act == A_SEG_ALLOC) & (own != 0))[0]
+    if len(pooled):
+        sf_idx = np.nonzero(act == A_SEG_FREE)[0]
+        sf_addr = ev["addr"][sf_idx]
+        for k in pooled.tolist():
+            lo, n = int(ev["addr"][k]), int(ev["size"][k])
+            later = sf_idx[(sf_idx > k) & (sf_addr == lo)]
+            end = int(later[0]) if len(later) else len(ev)
+            m = (cand > k) & (cand < end) & (addr >= lo) & (addr < lo + n) & (out[cand] == 0)
+            out[cand[m]] = own[k]
+    return out
+
+
 def build_ops(trace: Any, device: int = 0, profile: Profile | str | None = None,
               *, start_state: bool = True, expandable: bool | None = None,
               empty_cache: Any = None, round_extra: int | None = None) -> dict[str, Any]:
     """Convert one device's events to op arrays: ``prologue`` (start state), ``ops`` (the
     trace), ``n_slots``, and where the ``empty_cache`` calls go; ``pools`` lists the trace's
     nonzero pool ids (their ``malloc_pool`` ops name pool ``i + 1`` for ``pools[i]``: create
-    the engine pools in that order).
+    the engine pools in that order), from :func:`infer_pools` (``pools_inferred``: how many
+    allocations got theirs by inference).
 
     The ops carry the requested sizes; the engine rounds them (``round_extra``: the engine's
     setting, default the profile's, so that prologue blocks come out at their recorded sizes).
@@ -457,12 +527,17 @@ def build_ops(trace: Any, device: int = 0, profile: Profile | str | None = None,
                          np.full(int(keep_free.sum()), OP["free"]),
                          np.full(len(ec), OP["empty_cache"])))
     sizes = np.maximum(ev["size"][alloc_idx].astype(np.int64), 1)
-    pool_col = ev["pool"][alloc_idx] if "pool" in (ev.dtype.names or ()) else None
+    pool_col = infer_pools(trace, device)[alloc_idx]
+    inferred = 0
     pools: list[int] = []
-    if pool_col is not None and pool_col.any():
-        pools, inv = np.unique(pool_col, return_inverse=True)
-        engine_pool = inv.astype(np.int64) + (0 if pools[0] == 0 else 1)
-        pools = [int(x) for x in pools if x != 0]
+    if pool_col.any():
+        if "pool" in (ev.dtype.names or ()):
+            inferred = int(((pool_col != 0) & (ev["pool"][alloc_idx] == 0)).sum())
+        else:
+            inferred = int((pool_col != 0).sum())
+        nz = np.unique(pool_col[pool_col != 0])
+        pools = [int(x) for x in nz]
+        engine_pool = np.where(pool_col != 0, np.searchsorted(nz, pool_col) + 1, 0)
         op[:len(alloc_idx)] = np.where(engine_pool > 0, OP["malloc_pool"], OP["malloc"])
     size = np.concatenate((sizes,
                            np.zeros(int(keep_free.sum()) + len(ec), np.int64)))
@@ -478,7 +553,8 @@ def build_ops(trace: Any, device: int = 0, profile: Profile | str | None = None,
         ops["size2"] = size2[order]
     return {"prologue": prologue, "ops": ops, "n_slots": base + len(alloc_idx),
             "n_streams": len(streams), "empty_cache_at": ec, "start_state": state,
-            "expandable": expandable, "profile": prof.name, "pools": pools}
+            "expandable": expandable, "profile": prof.name, "pools": pools,
+            "pools_inferred": inferred}
 
 
 # ------------------------------------------------------------------------------------------
@@ -716,6 +792,10 @@ def replay_trace(trace: Any, settings: Any = None, *, policy: str | None = None,
         notes.append(f"{len(pools)} private pool(s) from the trace's pool ids "
                      f"({', '.join(map(str, pools[:8]))}{', ...' if len(pools) > 8 else ''}) "
                      "replayed as engine pools that are never released")
+    if built["pools_inferred"]:
+        notes.append(f"{built['pools_inferred']} allocation(s) without a pool id placed in a "
+                     "private pool inferred from the final segments' segment_pool_id (or a "
+                     "pooled segment_alloc)")
 
     def make() -> Engine:
         e = Engine(pol, "counting", es, streams=max(1, built["n_streams"]))

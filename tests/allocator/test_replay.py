@@ -11,10 +11,13 @@ from accel_graph.allocator.engine import Engine, EngineSettings
 from accel_graph.allocator.replay import (
     build_ops,
     infer_empty_cache,
+    infer_pools,
+    pool_number,
     recorded_summary,
     replay_trace,
 )
 from accel_graph.allocator.snapshot import Trace, segments_from_layout
+from accel_graph.allocator.trace import ACTION_CODE
 
 MIB = 1 << 20
 
@@ -162,3 +165,111 @@ def test_ops_are_vectorised_and_ordered():
     assert int((ops["op"] == 0).sum()) == int((ev["action"] == 0).sum())
     assert int((ops["op"] == 1).sum()) == int((ev["action"] == 2).sum())
     assert np.array_equal(ops["size"][ops["op"] == 0], ev["size"][ev["action"] == 0].astype(np.int64))
+
+
+# -- private pools inferred from the final segments (torch's trace entries carry no pool id) --
+
+P_ADDR, D_ADDR = 0x7F0000000000, 0x7F0000200000
+
+
+def _entry(action, addr, size):
+    return {"action": action, "addr": addr, "size": size, "stream": 0, "frames": []}
+
+
+def _alloc_free(addr, size=1000):
+    return [_entry("alloc", addr, size), _entry("free_requested", addr, size),
+            _entry("free_completed", addr, size)]
+
+
+def _small_segment(addr, pool, live):
+    blocks = [{"address": addr, "size": 1024, "requested_size": 1000,
+               "state": "active_allocated", "frames": []}] if live else []
+    used = 1024 if live else 0
+    blocks.append({"address": addr + used, "size": 2 * MIB - used, "requested_size": 0,
+                   "state": "inactive", "frames": []})
+    return {"device": 0, "address": addr, "total_size": 2 * MIB, "allocated_size": used,
+            "active_size": used, "requested_size": 1000 if live else 0, "stream": 0,
+            "segment_type": "small", "segment_pool_id": pool, "is_expandable": False,
+            "frames": [], "blocks": blocks}
+
+
+def _graph_snapshot(private=(1, 0), graph_first=True):
+    """As torch writes it: a CUDA graph's pool shows only in the final segments'
+    segment_pool_id; the trace entries have no pool_id. The graph pool (segment at P_ADDR) and
+    the default pool (D_ADDR) each free a block before the other pool allocates, then both
+    allocate again into their own cached block."""
+    graph = [_entry("segment_alloc", P_ADDR, 2 * MIB), *_alloc_free(P_ADDR)]
+    default = [_entry("segment_alloc", D_ADDR, 2 * MIB), *_alloc_free(D_ADDR)]
+    first, second = (graph, default) if graph_first else (default, graph)
+    events = first + second + [_entry("alloc", P_ADDR, 1000), _entry("alloc", D_ADDR, 1000)]
+    return {"segments": [_small_segment(P_ADDR, private, True),
+                         _small_segment(D_ADDR, (0, 0), True)],
+            "device_traces": [events], "allocator_settings": {}}
+
+
+@pytest.mark.parametrize("graph_first", [True, False])
+def test_private_pool_inferred_from_final_segments(graph_first):
+    trace = Trace.from_snapshot(_graph_snapshot(graph_first=graph_first))
+    assert not trace.events(0)["pool"].any()  # no pool ids in the entries
+    pools = infer_pools(trace)
+    act = trace.events(0)["action"]
+    at_p = (trace.events(0)["addr"] == P_ADDR) & (act == 0)
+    assert set(pools[at_p].tolist()) == {1 << 32} and not pools[~at_p].any()
+    r = replay_trace(trace, EngineSettings(), keep_layout=True)
+    rec = recorded_summary(trace)
+    assert r.summary()["segment_alloc"] == rec["segment_alloc"] == 2
+    assert r.peak_reserved == rec["peak_reserved"] == 4 * MIB
+    assert r.pools == {1 << 32: 1}
+    assert any("segment_pool_id" in n for n in r.notes)
+    # each pool's live block sits in its own segment: neither reused the other's cached block
+    live = sorted((s["pool_id"], len([b for b in s["blocks"] if b["state"] == "active_allocated"]))
+                  for s in r.layout)
+    assert live == [(0, 1), (1, 1)]
+    # with the segment in the default pool the second pool's allocation reuses the cached block
+    flat = Trace.from_snapshot(_graph_snapshot(private=(0, 0), graph_first=graph_first))
+    r0 = replay_trace(flat, EngineSettings())
+    assert r0.device_mallocs == 1 and not r0.pools and r0.peak_reserved == 2 * MIB
+
+
+def test_inferred_pool_only_after_the_last_release():
+    """An address whose segment was released and later re-made in a graph pool: only the
+    allocations after the release are in the private pool. A pool id on the event wins."""
+    events = [_entry("segment_alloc", P_ADDR, 2 * MIB), *_alloc_free(P_ADDR),
+              _entry("segment_free", P_ADDR, 2 * MIB),
+              _entry("segment_alloc", P_ADDR, 2 * MIB), _entry("alloc", P_ADDR, 1000)]
+    snap = {"segments": [_small_segment(P_ADDR, (0, 7), True)], "device_traces": [events]}
+    trace = Trace.from_snapshot(snap)
+    pools = infer_pools(trace)
+    assert pools.tolist() == [0, 0, 0, 0, 0, 0, 7]
+    ev = trace.events(0).copy()
+    ev["pool"][1] = 3
+    trace.device_traces[0] = ev
+    assert infer_pools(trace).tolist() == [0, 3, 0, 0, 0, 0, 7]
+    r = replay_trace(trace, EngineSettings())
+    assert r.pools == {3: 1, 7: 2}
+    assert r.device_mallocs == recorded_summary(trace)["segment_alloc"] == 2
+
+
+def test_inferred_pool_from_a_pooled_segment_alloc():
+    """A freed segment whose segment_alloc carries a pool id (engine-made or newer traces):
+    allocations inside it without their own id go to that pool until its segment_free."""
+    ev = np.zeros(8, dtype=Trace.from_snapshot(_graph_snapshot()).events(0).dtype)
+    rows = [("segment_alloc", P_ADDR, 2 * MIB, 5), ("alloc", P_ADDR, 1000, 0),
+            ("free_requested", P_ADDR, 1000, 0), ("free_completed", P_ADDR, 1000, 0),
+            ("segment_free", P_ADDR, 2 * MIB, 5), ("segment_alloc", P_ADDR, 2 * MIB, 0),
+            ("alloc", P_ADDR, 1000, 0), ("alloc", D_ADDR, 1000, 0)]
+    for i, (a, addr, size, pool) in enumerate(rows):
+        ev[i]["action"], ev[i]["addr"], ev[i]["size"], ev[i]["pool"] = (
+            ACTION_CODE[a], addr, size, pool)
+    ev["frames"] = -1
+    trace = Trace([ev], [], None, "cuda")
+    assert infer_pools(trace).tolist() == [5, 5, 0, 0, 5, 0, 0, 0]
+
+
+def test_pool_number():
+    assert pool_number((0, 0)) == 0 and pool_number(None) == 0
+    assert pool_number((0, 3)) == 3 and pool_number([0, 3]) == 3
+    assert pool_number((1, 0)) == 1 << 32 and pool_number((2, 5)) == (2 << 32) | 5
+    assert pool_number(4) == 4
+    with pytest.raises(ValueError):
+        pool_number((1, 2, 3))
