@@ -433,19 +433,21 @@ def infer_pools(trace: Any, device: int = 0) -> np.ndarray:
     own = (ev["pool"].astype(np.int64) if "pool" in (ev.dtype.names or ())
            else np.zeros(len(ev), np.int64))
     out = own.copy()
+    private = sorted((int(s["address"]), int(s["total_size"]), p)
+                     for s in trace.segments if s.get("device", device) == device
+                     for p in (pool_number(s.get("segment_pool_id")),) if p)
+    pooled = (np.nonzero((act == A_SEG_ALLOC) & (own != 0))[0] if own.any()
+              else np.zeros(0, np.int64))
+    if not private and not len(pooled):
+        return out
     cand = np.nonzero((act == A_ALLOC) & (own == 0))[0]
     if not len(cand):
         return out
     addr = ev["addr"][cand].astype(np.uint64)
-    private = sorted((int(s["address"]), int(s["total_size"]),
-                      pool_number(s.get("segment_pool_id")))
-                     for s in trace.segments if s.get("device", device) == device)
     rel_idx = np.nonzero(np.isin(act, (A_SEG_FREE, A_UNMAP)))[0]
     rel_lo = ev["addr"][rel_idx].astype(np.uint64)
     rel_hi = rel_lo + ev["size"][rel_idx].astype(np.uint64)
     for lo, n, p in private:
-        if not p:
-            continue
         sel = np.nonzero((addr >= lo) & (addr < lo + n))[0]
         if not len(sel):
             continue
@@ -454,7 +456,6 @@ def infer_pools(trace: Any, device: int = 0) -> np.ndarray:
             # released after the allocation: that allocation was in an earlier segment
             ok &= ~((cand[sel] < rel_idx[j]) & (addr[sel] >= rel_lo[j]) & (addr[sel] < rel_hi[j]))
         out[cand[sel[ok]]] = p
-    pooled = np.nonzero((act == A_SEG_ALLOC) & (own != 0))[0]
     if len(pooled):
         sf_idx = np.nonzero(act == A_SEG_FREE)[0]
         sf_addr = ev["addr"][sf_idx]
