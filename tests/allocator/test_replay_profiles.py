@@ -273,10 +273,15 @@ def test_private_pool_does_not_reuse_default_memory():
     assert any("private pool" in n for n in r.notes)
     assert sorted((s["pool_id"], s["size"]) for s in r.layout) == [
         (0, 2 * MIB), (0, 10 * MIB), (1, 2 * MIB), (1, 10 * MIB)]
-    # the same trace without pool ids reuses the freed default block
+    # the same trace without pool ids (as torch writes it): the pools come back from the
+    # final segments' segment_pool_id (0, pool), and so does the replay
     flat = trace.events(0).copy()
     flat["pool"] = 0
     trace.device_traces[0] = flat
+    r1 = replay_trace(trace, EngineSettings())
+    assert r1.device_mallocs == 4 and r1.pools == {pool: 1}
+    # with the segments in the default pool too, it reuses the freed default block
+    trace.segments = [dict(s, segment_pool_id=(0, 0)) for s in trace.segments]
     r0 = replay_trace(trace, EngineSettings())
     assert r0.device_mallocs == 2 and r0.peak_reserved == 12 * MIB and not r0.pools
     del c
