@@ -95,7 +95,8 @@ class Profile:
     roundup_applied: bool = True
     #: ``throw_on_cudamalloc_oom`` exists (2.13+).
     throw_on_cudamalloc_oom: bool = True
-    #: expandable-segment page size of the large pool (bytes); small pool pages are 2 MiB.
+    #: expandable-segment page size of the large pool (bytes) on builds without
+    #: large_segment_size_mb; 2.13+ builds use large_segment_size. Small pool pages are 2 MiB.
     es_page_size: int = 20 * MIB
     #: with expandable segments, blocks of 2 MiB or more start on multiples of this, the skipped
     #: head staying a free block (torch_npu's base_addr_aligned_kb, default 16 KiB;

@@ -119,7 +119,11 @@ def apply_profile(settings: EngineSettings, profile: Profile | str | None,
             ch["max_non_split_rounding_size"] = None
         notes.append(f"{p.name}: large_segment_size_mb is not honoured by this build; "
                      f"kept at {p.large_segment_size // MIB} MiB")
-    if es and p.es_page_size != (ch.get("large_segment_size") or settings.large_segment_size):
+    # Builds with large_segment_size_mb (2.13+) map large-pool expandable pages of
+    # large_segment_size (torch-internals.md 4), as the engine does; older builds and NPU have a
+    # fixed page, which differs from the engine's only if large_segment_size was forced above.
+    if (es and "large_segment_size_mb" not in p.settings_keys
+            and p.es_page_size != (ch.get("large_segment_size") or settings.large_segment_size)):
         notes.append(f"{p.name}: expandable large-pool page {p.es_page_size // MIB} MiB not "
                      "modelled; the engine maps large_segment_size pages")
     if es and p.expandable_large_align > 512:

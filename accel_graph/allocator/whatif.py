@@ -160,6 +160,11 @@ def make_scenario(trace: Any, config: str | None = None, *, policy: str | None =
         if settings.garbage_collection_threshold > 0 and settings.per_process_memory_fraction >= 1.0:
             notes.append("garbage_collection_threshold acts only with per_process_memory_fraction "
                          "set (pytorch#106660): no effect here")
+    if config is None and recorded_settings(trace, device).backend != "native":
+        notes.append(
+            f"the trace was recorded with backend:{recorded_settings(trace, device).backend} "
+            "(the driver's stream-ordered pool), which this simulator does not model: the "
+            "replay shows PyTorch's native caching allocator instead")
     if config is None and cap is None:
         fraction = recorded_settings(trace, device).per_process_memory_fraction
         if fraction < 1.0:
@@ -171,7 +176,8 @@ def make_scenario(trace: Any, config: str | None = None, *, policy: str | None =
         need = largest_request(trace, device)
         if cap < need:
             raise CapacityError(
-                f"--cap {cap} bytes is smaller than the trace's largest allocation ({need} bytes); "
+                f"--cap {_human(cap)} is smaller than the trace's largest allocation "
+                f"({_human(need)}); "
                 "no configuration can run this trace there: raise the cap"
             )
     return Scenario(canonical, settings, prof, pol, cap, tuple(notes))
@@ -290,3 +296,13 @@ def simulate(trace: Any, scenario: Scenario, *, device: int = 0,
 
 def _opt_int(v: Any) -> int | None:
     return None if v is None else int(v)
+
+
+def _human(n: int) -> str:
+    """``n`` bytes as ``"40.0 MiB (41943040 bytes)"`` for messages."""
+    v, unit = float(n), "B"
+    for u in ("KiB", "MiB", "GiB", "TiB"):
+        if v < 1024:
+            break
+        v, unit = v / 1024, u
+    return f"{n} bytes" if unit == "B" else f"{v:.1f} {unit} ({n} bytes)"

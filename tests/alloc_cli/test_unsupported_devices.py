@@ -63,3 +63,19 @@ def test_saved_traces_get_the_usual_file_mode(tmp_path):
     finally:
         os.umask(old)
     assert stat.S_IMODE(path.stat().st_mode) == 0o644
+
+
+def test_recorded_async_backend_is_said_and_not_validated(cli, tmp_path):
+    t = generate("frag", seed=0)
+    t.allocator_settings = {"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"}
+    path = tmp_path / "async.pickle"
+    save_trace(t, path)
+    r = cli("validate", path, "--json", "--max-error", "5")
+    assert r.code == common.EXIT_CHECK_FAILED
+    out = r.json()
+    assert not out["comparable"] and not out["exact"]
+    assert any("cudaMallocAsync" in n for n in out["notes"])
+    r = cli("simulate", path, "--json")
+    assert r.code == 0 and any("does not model" in n for n in r.json()["predicted"]["notes"])
+    r = cli("simulate", path, "--cap", "1KiB")
+    assert r.code == common.EXIT_CAP and "1.0 KiB" in r.err and "MiB" in r.err

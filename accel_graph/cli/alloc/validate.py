@@ -84,7 +84,14 @@ def validate_payload(trace: Any, device: int, profile: str | None,
     # a log without segment events (RMM CSV) records no reserved memory: nothing to compare
     comparable = any(rec[k] for k in _COUNTS) or bool(rec["start_reserved"])
     notes = list(sim["notes"])
-    if not comparable:
+    from ...allocator.whatif import recorded_settings
+
+    backend = recorded_settings(trace, device).backend
+    if backend != "native":  # the recording is not of the allocator that was replayed
+        comparable = False
+        notes.append(f"backend:{backend} recordings cannot be validated against the native "
+                     "model: the comparison is shown for information only")
+    elif not comparable:
         notes.append("the trace records no segment events (segment_alloc/free/map/unmap), so "
                      "the replay has nothing to be compared with: its accuracy is unknown")
     return {
@@ -135,7 +142,7 @@ def render(payload: dict[str, Any]) -> str:
         f"{sz['equal_as_multiset']} as a multiset (simulated {sz['simulated']})",
         "verdict: " + ("exact" if payload["exact"] else
                        "differs (see the error column)" if payload["comparable"] else
-                       "cannot be validated (no segment events recorded)")
+                       "cannot be validated (see the notes)")
         + ("" if payload["max_error_pct"] is None else
            f"; gate {payload['max_error_pct']}% on peak reserved: "
            + ("passed" if payload["passed"] else "FAILED")),
