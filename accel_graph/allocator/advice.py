@@ -173,10 +173,12 @@ def env_override_warnings(environ: Mapping[str, str], env_var: str,
     return out
 
 
-def es_conflict_warnings(uses: Iterable[str] = (), private_pools: bool = False) -> list[Advice]:
+def es_conflict_warnings(uses: Iterable[str] = (), private_pools: bool = False,
+                         device: str = "cuda") -> list[Advice]:
     """Expandable segments vs CUDA IPC, MemPool sleep mode, custom all-reduce and NCCL
     registration: one general warning, or one ``high`` warning per declared use, plus one when
-    the trace allocates into private pools."""
+    the trace allocates into private pools. ``device`` (a profile's device) words the general
+    warning: the conflicts are documented for CUDA and ROCm builds only."""
     uses = tuple(uses)
     out: list[Advice] = []
     for u in uses:
@@ -201,7 +203,11 @@ def es_conflict_warnings(uses: Iterable[str] = (), private_pools: bool = False) 
             "expandable_segments:True is incompatible or awkward with CUDA IPC, MemPool-based "
             "sleep mode / CuMemAllocator, cudaIpc-based custom all-reduce and NCCL/KV-transfer "
             "buffer registration; if the program uses any of these, pass --uses to check, or "
-            "keep expandable segments off",
+            "keep expandable segments off"
+            + ("" if device in ("cuda", "rocm") else
+               f". These conflicts are documented for CUDA/ROCm builds; on {device} check the "
+               "vendor's equivalents (IPC sharing, collective-library buffer registration) "
+               "before relying on the setting"),
             ", ".join(_ES_ALL_REFS)))
     return out
 
@@ -222,7 +228,7 @@ def advise(settings: AllocatorSettings, profile: Profile, *,
                                      config)
     es = settings.expandable_segments and profile.expandable_segments
     if es:
-        out += es_conflict_warnings(uses, private_pools)
+        out += es_conflict_warnings(uses, private_pools, profile.device)
     if es and settings.max_split_size is not None:
         if profile.max_split_blocks_expandable_reuse:
             out.append(Advice(

@@ -140,3 +140,10 @@ def test_every_warning_names_its_reference():
     for a in out:
         assert a.reference and a.message and a.severity in ("info", "warning", "high")
         assert set(a.to_json()) == {"code", "severity", "message", "reference"}
+
+
+def test_es_warning_is_worded_for_the_device():
+    cuda = es_conflict_warnings((), False, "cuda")[0].message
+    npu = es_conflict_warnings((), False, "npu")[0].message
+    assert "documented for CUDA/ROCm" not in cuda
+    assert "documented for CUDA/ROCm builds; on npu" in npu
