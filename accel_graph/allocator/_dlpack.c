@@ -75,11 +75,10 @@ static void deleter(DLManagedTensor *m) {
 static void capsule_destructor(PyObject *cap) {
     /* consumed capsules are renamed "used_dltensor" by the importer: only an unconsumed one
      * (the import failed) still owns its tensor */
+    /* (PyCapsule_IsValid cannot fail, so an exception in flight is left alone) */
     if (PyCapsule_IsValid(cap, "dltensor")) {
         DLManagedTensor *m = PyCapsule_GetPointer(cap, "dltensor");
         if (m && m->deleter) m->deleter(m);
-    } else {
-        PyErr_Clear();
     }
 }
 
