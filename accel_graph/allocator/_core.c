@@ -191,6 +191,20 @@ struct ag_engine {
     int no_release;     /* the plug-in's stream is capturing: never give memory back (no cudaFree) */
     int plug_device;    /* device this engine is installed on as the pluggable allocator, or -1 */
     pthread_mutex_t mu; /* cffi drops the GIL around calls: every entry point takes this */
+
+    /* Tensor blocks (ag_tensor_*): blocks owned by tensors outside Python's reach (DLPack).
+     * refs: 1 for the owner (dropped by ag_engine_destroy) + 1 per live tensor block; the
+     * engine is torn down when it reaches 0, so a tensor's memory outlives a closed engine.
+     * Keys of blocks that died are queued for the owner to read (ag_tensor_drain); the queue
+     * always has room for one key per live tensor block, so a death never allocates. */
+    int64_t refs;              /* atomic */
+    int closed;                /* ag_engine_destroy ran: deaths no longer queue keys */
+    int t_release_idle;        /* a death also returns whole free segments (empty_cache) */
+    int64_t t_live;            /* live tensor blocks */
+    int64_t *t_keys;           /* dead keys, not yet drained */
+    int64_t t_nkeys, t_capkeys;
+    int64_t t_pending;         /* = t_nkeys, atomic, read lock-free by the owner */
+    int64_t t_errors;          /* deaths whose free the engine refused (never expected) */
 };
 
 /* The reason for the last failure and the numbers of the last OOM are per thread, so a caller
@@ -2072,6 +2086,7 @@ int ag_engine_create(const ag_settings *settings, const char *device_libs, ag_en
     e->next_pool_id = 1;
     e->rng = 0x9E3779B9u;
     e->plug_device = -1;
+    e->refs = 1;
     pthread_mutex_init(&e->mu, NULL);
     if (e->up.kind == AG_UPSTREAM_DEVICE) {
         rc = open_device(e, device_libs, err, errlen);
@@ -2104,12 +2119,27 @@ int ag_engine_create(const ag_settings *settings, const char *device_libs, ag_en
 }
 
 static void plug_forget_engine(ag_engine *e);
+static void engine_teardown(ag_engine *e);
+
+static void engine_unref(ag_engine *e) {
+    if (__atomic_sub_fetch(&e->refs, 1, __ATOMIC_ACQ_REL) == 0) engine_teardown(e);
+}
 
 void ag_engine_destroy(ag_engine *e) {
     if (!e) return;
     /* an engine still installed as the pluggable allocator is unbound first, so a later
      * alloc/free from torch finds no engine (an error it counts) instead of freed memory */
     if (e->plug_device >= 0) plug_forget_engine(e);
+    pthread_mutex_lock(&e->mu);
+    e->closed = 1;
+    /* tensors still hold blocks: keep only what they need until the last one dies */
+    if (e->t_live) (void)im_empty_cache(e);
+    pthread_mutex_unlock(&e->mu);
+    /* the owner's reference; live tensor blocks keep the engine (and their memory) alive */
+    engine_unref(e);
+}
+
+static void engine_teardown(ag_engine *e) {
     /* give every segment back to the upstream; pointers into them die with the engine */
     ag_segment *g = e->segs;
     while (g) {
@@ -2133,6 +2163,7 @@ void ag_engine_destroy(ag_engine *e) {
     free(e->chunks);
     free(e->htab);
     free(e->ev);
+    free(e->t_keys);
     if (e->up.dl) dlclose(e->up.dl);
     pthread_mutex_destroy(&e->mu);
     free(e);
@@ -2184,6 +2215,81 @@ LOCKED(int, pool_info_get, (const ag_engine *e, int64_t pool_id, ag_pool_info *o
 LOCKED(int, layout, (const ag_engine *e, ag_segment_info *segs, int64_t max_segs, ag_block_info *blocks, int64_t max_blocks), (e, segs, max_segs, blocks, max_blocks))
 /* one lock for the whole trace: replay pays nothing per event for thread safety */
 LOCKED(int, replay, (ag_engine *e, const ag_op *ops, int64_t n, uint64_t *slots, int64_t nslots, int64_t *results, int64_t *n_done), (e, ops, n, slots, nslots, results, n_done))
+
+/* ------------------------------------------------------------------------------------------ */
+/* tensor blocks: memory owned by a tensor whose death frees it from any thread, without the   */
+/* GIL (the DLPack deleter of accel_graph/allocator/_dlpack.c calls ag_tensor_release)          */
+
+int64_t ag_tensor_alloc(ag_engine *e, int64_t size) {
+    LOCK(e);
+    int64_t r;
+    if (e->up.kind != AG_UPSTREAM_HOST) {
+        r = fail(e, AG_ERR_UNSUPPORTED, "tensor blocks need the host upstream (real memory)");
+    } else if (e->closed) {
+        r = fail(e, AG_ERR_STATE, "the engine is closed");
+    } else {
+        r = AG_OK;
+        /* room for this block's key: a death must never need memory */
+        int64_t need = e->t_nkeys + e->t_live + 1;
+        if (need > e->t_capkeys) {
+            int64_t cap = e->t_capkeys ? e->t_capkeys * 2 : 256;
+            while (cap < need) cap *= 2;
+            int64_t *k = realloc(e->t_keys, (size_t)cap * sizeof *k);
+            if (!k) r = fail(e, AG_ERR_NOMEM, "out of host memory for allocator metadata");
+            else e->t_keys = k, e->t_capkeys = cap;
+        }
+        if (r == AG_OK) r = im_malloc(e, size, 0, 0);
+        if (r >= 0) {
+            e->t_live++;
+            __atomic_add_fetch(&e->refs, 1, __ATOMIC_RELAXED);
+        }
+    }
+    UNLOCK(e);
+    return r;
+}
+
+void ag_tensor_release(ag_engine *e, uint64_t ptr, int64_t key) {
+    LOCK(e);
+    if (im_free(e, ptr) != AG_OK) e->t_errors++;
+    e->t_live--;
+    if (!e->closed) {
+        e->t_keys[e->t_nkeys++] = key;
+        __atomic_store_n(&e->t_pending, e->t_nkeys, __ATOMIC_RELEASE);
+        if (e->t_release_idle) (void)im_empty_cache(e);
+    }
+    UNLOCK(e);
+    engine_unref(e); /* the last reference tears the engine down (after the owner closed it) */
+}
+
+int64_t ag_tensor_drain(ag_engine *e, int64_t *out, int64_t max) {
+    LOCK(e);
+    int64_t n = e->t_nkeys < max ? e->t_nkeys : max;
+    if (n > 0) {
+        memcpy(out, e->t_keys, (size_t)n * sizeof *out);
+        memmove(e->t_keys, e->t_keys + n, (size_t)(e->t_nkeys - n) * sizeof *out);
+        e->t_nkeys -= n;
+        __atomic_store_n(&e->t_pending, e->t_nkeys, __ATOMIC_RELEASE);
+    }
+    UNLOCK(e);
+    return n;
+}
+
+const int64_t *ag_tensor_pending(const ag_engine *e) { return &e->t_pending; }
+
+int ag_tensor_set_release_idle(ag_engine *e, int32_t on) {
+    LOCK(e);
+    e->t_release_idle = on != 0;
+    int rc = on ? im_empty_cache(e) : AG_OK;
+    UNLOCK(e);
+    return rc;
+}
+
+void ag_tensor_counts(const ag_engine *e, int64_t *live, int64_t *errors) {
+    LOCK(e);
+    *live = e->t_live;
+    *errors = e->t_errors;
+    UNLOCK(e);
+}
 
 /* ------------------------------------------------------------------------------------------ */
 /* the CUDAPluggableAllocator plug-in (docs/allocator.md "Pluggable-allocator entry points")    */

@@ -252,6 +252,20 @@ int ag_engine_set_threadsafe(ag_engine *e, int32_t on);
 int64_t ag_pluggable_errors(int device);
 /* The last refusal's text ("" if none; NULL for a bad index), a copy private to the thread. */
 const char *ag_pluggable_last_error(int device);
+/* Tensor blocks (docs/allocator.md "Tensor blocks"): host-upstream blocks owned by a tensor
+ * (a DLPack deleter) instead of the caller. ag_tensor_alloc is ag_malloc(size, stream 0) that
+ * also takes a reference on the engine; ag_tensor_release(ptr, key) frees the block from any
+ * thread (no GIL needed), queues `key` for ag_tensor_drain unless the engine is closed, and
+ * drops the reference. ag_engine_destroy only drops the owner's reference: the engine and its
+ * memory go when the last tensor block is released. ag_tensor_pending points at the number of
+ * queued keys (read without the lock). With release_idle on, each release also returns whole
+ * free segments (as ag_empty_cache); turning it on releases them at once. */
+int64_t ag_tensor_alloc(ag_engine *e, int64_t size);
+void ag_tensor_release(ag_engine *e, uint64_t ptr, int64_t key);
+int64_t ag_tensor_drain(ag_engine *e, int64_t *out, int64_t max);
+const int64_t *ag_tensor_pending(const ag_engine *e);
+int ag_tensor_set_release_idle(ag_engine *e, int32_t on);
+void ag_tensor_counts(const ag_engine *e, int64_t *live, int64_t *errors);
 /* CDEF END */
 
 #endif

@@ -18,7 +18,10 @@ Contract:
 - The C core is imported on first use, never compiled at import: a missing build raises
   :class:`BackendUnavailable` saying how to rebuild.
 - Every public C call takes the engine's own mutex (cffi releases the GIL around C). Memory handed out by a ``host`` engine lives
-  until the engine is closed or collected: tensors over it must not outlive the engine.
+  until the engine is closed or collected: tensors over it must not outlive the engine. The
+  exception is a tensor block (:class:`TensorBlocks`): the tensor owns its block and holds a
+  reference on the C engine, so the block and the engine's memory stay valid until the tensor
+  dies, even after :meth:`Engine.close`.
 """
 
 from __future__ import annotations
@@ -89,6 +92,7 @@ OP_DTYPE = np.dtype(OP_FIELDS)
 
 
 _core_module: Any = None
+_dlpack_module: Any = False  # False: not tried yet; None: unavailable
 
 
 def _core() -> Any:
@@ -405,6 +409,15 @@ class Engine:
             self._lib.ag_set_memory_fraction(self._e, -1.0 if fraction is None else fraction), self
         )
 
+    def tensor_blocks(self) -> TensorBlocks | None:
+        """The one-call tensor maker over this engine's blocks (host upstream), or ``None``
+        where it cannot run: the ``_dlpack`` extension or the core's ``ag_tensor_*`` entry
+        points are not built, or torch has no DLPack importer."""
+        if self.upstream != "host":
+            return None
+        mod = _dlpack()
+        return None if mod is None else TensorBlocks(self, mod)
+
     # -- streams and pools -----------------------------------------------------------------
 
     def create_stream(self) -> int:
@@ -596,7 +609,8 @@ class Engine:
 
     def close(self) -> None:
         """Give all memory back to the upstream now. Pointers from this engine become invalid;
-        any later call raises AccelGraphError. Must not race with calls from other threads."""
+        any later call raises AccelGraphError. Must not race with calls from other threads.
+        Tensor blocks still alive keep their memory (and the C engine) until they die."""
         e, ffi = self._e, self._ffi
         self.__class__ = _ClosedEngine
         ffi.release(e)
@@ -606,6 +620,89 @@ class Engine:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _dlpack() -> Any:
+    """The ``_dlpack`` extension bound to the core and to torch's importer, or ``None``."""
+    global _dlpack_module
+    if _dlpack_module is False:
+        _dlpack_module = None
+        try:
+            mod = importlib.import_module("accel_graph.allocator._dlpack")
+            core = _core()
+            ffi, lib = core.ffi, core.lib
+            alloc = int(ffi.cast("uintptr_t", ffi.addressof(lib, "ag_tensor_alloc")))
+            release = int(ffi.cast("uintptr_t", ffi.addressof(lib, "ag_tensor_release")))
+            drain = int(ffi.cast("uintptr_t", ffi.addressof(lib, "ag_tensor_drain")))
+            import torch
+
+            # torch >= 1.10 has the C importer; the Python wrapper is the fallback
+            importer = getattr(torch._C, "_from_dlpack", None)
+            if importer is None:
+                from torch.utils.dlpack import from_dlpack as importer
+            mod.bind(alloc, release, drain, importer)
+            _dlpack_module = mod
+        except (ImportError, AttributeError, BackendUnavailable):
+            pass
+    return _dlpack_module
+
+
+class TensorBlocks:
+    """Tensors that own engine blocks, each made in one native call (DLPack; docs/allocator.md
+    "Tensor blocks").
+
+    ``make(key, code, bits, shape, stride, owner=None)`` allocates the block a CPU tensor of
+    that DLPack dtype, shape and stride spans and returns the tensor over it, or an ``int < 0``
+    (the engine's status, for :meth:`check`) when the block cannot be had; ``owner`` is kept
+    alive until the tensor dies. When the tensor's storage dies,
+    from any thread, the block is freed into the engine and ``key`` is queued: :meth:`drain`
+    returns the queued keys, and ``pending[0]`` is their number, readable at the cost of an
+    index. The engine (and so every block) stays alive while any such tensor does.
+    """
+
+    __slots__ = ("_engine", "_lib", "_mod", "addr", "pending")
+
+    def __init__(self, engine: Engine, mod: Any) -> None:
+        ffi, lib = engine._ffi, engine._lib
+        self._engine, self._lib, self._mod = engine, lib, mod
+        self.addr = int(ffi.cast("uintptr_t", engine._e))
+        self.pending = lib.ag_tensor_pending(engine._e)
+
+    def make(
+        self, key: int, code: int, bits: int, shape: Any, stride: Any, owner: Any = None
+    ) -> Any:
+        return self._mod.make(self.addr, key, code, bits, shape, stride, owner)
+
+    @property
+    def maker(self) -> Any:
+        """``make(engine_addr, key, code, bits, shape, stride, owner)``, the raw extension
+        function (``addr`` is the first argument): one call less on a hot path."""
+        return self._mod.make
+
+    def check(self, rc: int) -> None:
+        """Raise what a refused block means (OutOfMemoryError with torch's message, ...)."""
+        _check(rc, self._engine)
+
+    def drain(self) -> list[int]:
+        """Keys of the tensors that died since the last drain, in order of death."""
+        return self._mod.drain(self.addr)
+
+    @property
+    def drainer(self) -> Any:
+        """``drain(engine_addr)``, the raw extension function."""
+        return self._mod.drain
+
+    def set_release_idle(self, on: bool) -> None:
+        """Whether each death also returns whole free segments to the upstream (as
+        :meth:`Engine.empty_cache`); turning it on releases them now."""
+        _check(self._lib.ag_tensor_set_release_idle(self._engine._e, 1 if on else 0), self._engine)
+
+    def counts(self) -> tuple[int, int]:
+        """(live tensor blocks, deaths whose free the engine refused: always 0)."""
+        ffi = self._engine._ffi
+        live, errors = ffi.new("int64_t *"), ffi.new("int64_t *")
+        self._lib.ag_tensor_counts(self._engine._e, live, errors)
+        return int(live[0]), int(errors[0])
 
 
 class _ClosedEngine(Engine):

@@ -248,3 +248,76 @@ def test_capture_holds_no_strong_reference_to_pool_tensors():
     assert g.memory_bytes() <= 2 * MiB
     g.replay()
     del y
+
+
+# -- EnginePool's DLPack blocks: the books follow the deaths exactly ----------------------
+
+
+def _engine_pool():
+    from accel_graph.backends.recorder.engine_pool import EnginePool
+
+    pool = EnginePool(torch.device("cpu"))
+    if pool._blocks is None:
+        pytest.skip("the _dlpack extension is not built")
+    return pool
+
+
+def test_engine_pool_capture_log_keeps_the_order_of_deaths():
+    pool = _engine_pool()
+    cpu = torch.device("cpu")
+    log: list = []
+    pool.begin_capture(log)
+    a = pool.allocate((256,), (1,), torch.float32, cpu)
+    b = pool.allocate((8, 8), (1, 8), torch.float64, cpu)
+    del a
+    c = pool.allocate((256,), (1,), torch.float32, cpu)
+    del b, c
+    pool.end_capture(log)
+    assert log == [
+        ("alloc", 0, 1024),
+        ("alloc", 1, 512),
+        ("free", 0, 0),
+        ("alloc", 2, 1024),
+        ("free", 1, 0),
+        ("free", 2, 0),
+    ]
+    assert pool.stats().allocated_bytes == 0 and pool.stats().reserved_bytes == 0
+
+
+def test_engine_pool_owns_survives_storage_id_reuse():
+    pool = _engine_pool()
+    pool.add_graph(set())  # not idle: deaths are booked in batches
+    cpu = torch.device("cpu")
+    for _ in range(200):
+        t = pool.allocate((64,), (1,), torch.float32, cpu)
+        assert pool.owns(t) and pool.ref(t).byte_offset == t.data_ptr()
+        assert pool.owns(t[1:])
+        del t
+    assert not pool.owns(torch.empty(64))
+    assert pool.stats().allocated_bytes == 0
+    assert not pool._storages and not pool._key_storage and not pool._storage_key
+
+
+def test_engine_pool_idle_pool_releases_at_the_death():
+    pool = _engine_pool()
+    t = pool.allocate((1 << 20,), (1,), torch.float32, torch.device("cpu"))
+    assert pool.engine.memory_stats()["reserved_bytes.all.current"] >= 4 * MiB
+    del t  # the engine itself sees it, before the pool books it
+    assert pool.engine.memory_stats()["reserved_bytes.all.current"] == 0
+
+
+def test_engine_pool_numpy_path_still_works(monkeypatch):
+    from accel_graph.backends.recorder import engine_pool
+
+    pool = _engine_pool()
+    monkeypatch.setitem(engine_pool._DL_CODES, torch.float32, None)
+    log: list = []
+    pool.begin_capture(log)
+    a = pool.allocate((16,), (1,), torch.float32, torch.device("cpu"))
+    b = pool.allocate((16,), (1,), torch.int32, torch.device("cpu"))  # DLPack
+    assert pool.owns(a) and pool.owns(b)
+    del a, b
+    gc.collect()
+    pool.end_capture(log)
+    assert [e[0] for e in log] == ["alloc", "alloc", "free", "free"]
+    assert pool.stats().allocated_bytes == 0

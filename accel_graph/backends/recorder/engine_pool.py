@@ -2,14 +2,23 @@
 
 Blocks come from :class:`accel_graph.allocator.engine.Engine` (``native`` policy, host
 upstream), so a graph's memory figures are the allocator's own statistics. Each block is a
-zero-copy tensor over the engine's memory; the numpy array between them carries a finalizer,
-so the block goes back to the engine exactly when the last tensor over it dies (and can be
-reused by the rest of the capture, or by later captures into the same pool).
+zero-copy tensor over the engine's memory that owns the block: it is made in one native call
+(:class:`~accel_graph.allocator.engine.TensorBlocks`, a DLPack tensor whose deleter frees the
+block in C, from whatever thread drops the last reference), so the block goes back to the
+engine exactly when the last tensor over it dies (and can be reused by the rest of the capture,
+or by later captures into the same pool). The pool learns of those deaths from a queue of keys
+it drains before anything that reads its books (allocate, owns, ref, capture begin/end, ...).
+Where the extension is not built, or a dtype has no DLPack code in this torch, the tensor is
+built the older way (numpy over the block, with a ``weakref.finalize``), with the same rules.
 
-Safety: segments go back to the system (``empty_cache``) only while no graph uses the pool, so
-a program never points into released memory; blocks a user tensor holds stay allocated, so
+Safety: segments go back to the system (``empty_cache``) only while no graph uses the pool and
+no capture runs (the C engine does it at a death while the pool is idle, as the finalizer did),
+so a program never points into released memory; blocks a user tensor holds stay allocated, so
 their segments are never released under them. The engine itself is closed when the pool
-object is collected, which cannot happen while any block or graph still refers to the pool.
+object is collected, which cannot happen while any block or graph still refers to the pool (a
+DLPack block's deleter holds a reference to the pool, a numpy-path block's finalizer too). The
+C engine is also reference-counted by the DLPack blocks, so their memory would outlive even an
+explicit ``engine.close()``.
 """
 
 from __future__ import annotations
@@ -29,6 +38,70 @@ from .pool import PoolRef, RecorderPool, _storage_bytes
 _HOST_SEGMENT = -1  # PoolRef.segment of engine memory: byte_offset is then the address
 
 
+def _dlpack_codes() -> dict[torch.dtype, tuple[int, int]]:
+    """torch dtype -> (DLPack type code, bits); each entry is checked on first use."""
+    # kDLInt 0, kDLUInt 1, kDLFloat 2, kDLBfloat 4, kDLComplex 5, kDLBool 6
+    table: dict[torch.dtype, tuple[int, int]] = {
+        torch.int8: (0, 8),
+        torch.int16: (0, 16),
+        torch.int32: (0, 32),
+        torch.int64: (0, 64),
+        torch.uint8: (1, 8),
+        torch.float16: (2, 16),
+        torch.float32: (2, 32),
+        torch.float64: (2, 64),
+        torch.bfloat16: (4, 16),
+        torch.complex64: (5, 64),
+        torch.complex128: (5, 128),
+        torch.bool: (6, 8),
+    }
+    for name, bits in (("uint16", 16), ("uint32", 32), ("uint64", 64)):  # torch >= 2.3
+        if hasattr(torch, name):
+            table[getattr(torch, name)] = (1, bits)
+    return table
+
+
+class _Codes(dict):
+    """dtype -> DLPack code, or None; a dtype is probed once: the tensor torch's importer
+    builds must have exactly that dtype, shape and stride, else the numpy path serves it."""
+
+    def __missing__(self, dtype: torch.dtype) -> tuple[int, int] | None:
+        code = _CANDIDATES.get(dtype)
+        if code is not None and not _probe(dtype, code):
+            code = None
+        self[dtype] = code
+        return code
+
+
+def _probe(dtype: torch.dtype, code: tuple[int, int]) -> bool:
+    engine = Engine(policy="native", upstream="host")
+    try:
+        blocks = engine.tensor_blocks()
+        if blocks is None:
+            return False
+        try:
+            t = blocks.make(-1, code[0], code[1], (2, 3, 1), (1, 2, 0))
+        except (RuntimeError, TypeError, ValueError, BufferError):
+            return False
+        if t.__class__ is int:
+            return False
+        return (
+            t.dtype == dtype
+            and t.shape == (2, 3, 1)
+            and t.stride() == (1, 2, 0)
+            and t.device.type == "cpu"
+        )
+    finally:
+        engine.close()
+
+
+_CANDIDATES = _dlpack_codes()
+#: Outside a capture, deaths of DLPack blocks are booked when this many are pending (or when
+#: the books are read): their memory is back in the engine at once either way.
+_DRAIN_BATCH = 32
+_DL_CODES = _Codes()
+
+
 class EnginePool(RecorderPool):
     """A recorder pool whose memory and books are the allocator engine's."""
 
@@ -38,15 +111,96 @@ class EnginePool(RecorderPool):
         self._ffi = self.engine._ffi
         self._segment_index: list[tuple[int, int]] = []
         self._segment_bases: dict[tuple[int, torch.dtype], torch.Tensor] = {}
+        # key <-> storage id of each DLPack block not yet booked dead (deaths arrive as keys)
+        self._key_storage: dict[int, int] = {}
+        self._storage_key: dict[int, int] = {}
+        self._blocks = self.engine.tensor_blocks()
+        if self._blocks is not None:
+            self._make = self._blocks.maker
+            self._drain_keys = self._blocks.drainer
+            self._addr = self._blocks.addr
+            self._pending = self._blocks.pending
+            self._blocks.set_release_idle(True)  # no graph, no capture: as _release_unused
         weakref.finalize(self, self.engine.close)
 
     def _buffer(self, addr: int, nbytes: int) -> np.ndarray:
-        return np.frombuffer(self._ffi.buffer(self._ffi.cast("char *", addr), nbytes), dtype=np.uint8)
+        return np.frombuffer(
+            self._ffi.buffer(self._ffi.cast("char *", addr), nbytes), dtype=np.uint8
+        )
 
     def allocate(self, shape, stride, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        code = _DL_CODES[dtype] if self._blocks is not None else None
+        if code is None:
+            return self._allocate_numpy(shape, stride, dtype, device)
+        with self._lock:
+            # Deaths are booked before an allocation is logged (the capture's log keeps the
+            # order of events); with no capture listening they are booked in batches.
+            pending = self._pending[0]
+            if pending and (self._listeners or pending >= _DRAIN_BATCH):
+                self._drain()
+            key = self._next_key
+            self._next_key = key + 1
+            t = self._make(self._addr, key, code[0], code[1], shape, stride, self)
+            if t.__class__ is int:
+                self._oom(t)
+            if self._listeners:
+                nbytes = _storage_bytes(shape, stride, dtype.itemsize)
+                for log in self._listeners:
+                    log.append(("alloc", key, nbytes))
+            sid = t.untyped_storage()._cdata
+            self._storages[sid] = (_HOST_SEGMENT, t.data_ptr())
+            self._key_storage[key] = sid
+            self._storage_key[sid] = key
+        return t
+
+    def _oom(self, rc: int) -> None:
+        try:
+            self._blocks.check(rc)
+        except OutOfMemoryError as exc:
+            raise OutOfMemoryError(
+                f"graph pool on {self.device} is out of memory: {exc} Capture fewer or "
+                f"smaller graphs into this pool, or raise the limit (ACCEL_GRAPH_POOL_LIMIT)"
+            ) from exc
+
+    def _drain(self) -> None:
+        """Book the deaths of DLPack blocks (their memory is already back in the engine)."""
+        with self._lock:
+            dead = self._drain_keys(self._addr)
+            key_storage, storage_key, listeners = (
+                self._key_storage,
+                self._storage_key,
+                self._listeners,
+            )
+            for key in dead:
+                sid = key_storage.pop(key, None)
+                if sid is None:  # a tensor whose import failed
+                    continue
+                # A storage id is the address of torch's StorageImpl: once the dead tensor's
+                # is freed, a newer pool tensor may have it, and keeps its entry.
+                if storage_key.get(sid) == key:
+                    del storage_key[sid]
+                    self._storages.pop(sid, None)
+                for log in listeners:
+                    log.append(("free", key, 0))
+            if dead and not self.capturing and not self.graphs:
+                self._release_unused()  # the engine released; forget our segment views
+
+    def _sync(self) -> None:
+        if self._blocks is not None and self._pending[0]:
+            self._drain()
+
+    def _set_idle(self) -> None:
+        if self._blocks is not None:
+            self._blocks.set_release_idle(not self.capturing and not self.graphs)
+
+    def _allocate_numpy(
+        self, shape, stride, dtype: torch.dtype, device: torch.device
+    ) -> torch.Tensor:
+        """The path without the extension (or for a dtype DLPack cannot carry here)."""
         itemsize = dtype.itemsize
         nbytes = _storage_bytes(shape, stride, itemsize)
         with self._lock:
+            self._sync()
             try:
                 addr = self.engine.malloc(max(nbytes, 1))
             except OutOfMemoryError as exc:
@@ -75,7 +229,41 @@ class EnginePool(RecorderPool):
             if not self.capturing:
                 self._release_unused()
 
+    # -- the books: deaths of DLPack blocks are booked before anything reads them -----------
+    def owns(self, t: torch.Tensor) -> bool:
+        self._sync()
+        return super().owns(t)
+
+    def ref(self, t: torch.Tensor) -> PoolRef:
+        self._sync()
+        return super().ref(t)
+
+    def begin_capture(self, log: list) -> None:
+        with self._lock:
+            self._sync()
+            super().begin_capture(log)
+            self._set_idle()
+
+    def end_capture(self, log: list) -> None:
+        with self._lock:
+            self._sync()
+            super().end_capture(log)
+            self._set_idle()
+
+    def add_graph(self, segments: set[int]) -> None:
+        with self._lock:
+            self._sync()
+            super().add_graph(segments)
+            self._set_idle()
+
+    def remove_graph(self, segments: set[int]) -> None:
+        with self._lock:
+            self._sync()
+            super().remove_graph(segments)
+            self._set_idle()
+
     def materialize(self, ref: PoolRef) -> torch.Tensor:
+        self._sync()
         if ref.segment != _HOST_SEGMENT:
             return super().materialize(ref)
         # One typed tensor per engine segment, then a view of it: a program has many
@@ -99,7 +287,9 @@ class EnginePool(RecorderPool):
             i = bisect.bisect_right(self._segment_index, (addr, float("inf"))) - 1
             if i >= 0 and addr < self._segment_index[i][0] + self._segment_index[i][1]:
                 return self._segment_index[i]
-            self._segment_index = sorted((seg["address"], seg["size"]) for seg in self.engine.layout())
+            self._segment_index = sorted(
+                (seg["address"], seg["size"]) for seg in self.engine.layout()
+            )
         return None
 
     def _release_unused(self) -> None:
@@ -111,6 +301,7 @@ class EnginePool(RecorderPool):
             self._segment_bases.clear()  # our views only: live tensors keep their memory
 
     def reserved_bytes(self) -> int:
+        self._sync()
         return self.engine.memory_stats()["reserved_bytes.all.current"]
 
     def standalone_bytes(self, events: list[tuple[str, int, int]]) -> int:
@@ -132,6 +323,7 @@ class EnginePool(RecorderPool):
 
     def stats(self) -> PoolStats:
         with self._lock:
+            self._sync()
             st: dict[str, Any] = self.engine.memory_stats()
             return PoolStats(
                 reserved_bytes=st["reserved_bytes.all.current"],
