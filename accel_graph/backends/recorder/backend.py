@@ -30,7 +30,7 @@ from .capture import Capture, InputRecord, Step, _tls, active_capture
 from .compiled import compile_program
 from .dump import describe, write_dump
 from .pool import PoolRef, RecorderPool, make_pool
-from .program import build_replay, materialize, replayed, segments_used
+from .program import build_replay, materialize, replayed
 
 log = logging.getLogger("accel_graph")
 
@@ -66,7 +66,8 @@ class RecorderGraphImpl(GraphImpl):
         self._compiled: dict[str, Any] | None = None
         self._frozen_steps: list[Step] = []
         self._memory = 0
-        self._standalone = 0
+        self._standalone: int | None = 0
+        self._events: list[tuple[str, int, int]] = []
         self._allocations = 0
         self.num_ops = 0
 
@@ -80,6 +81,10 @@ class RecorderGraphImpl(GraphImpl):
 
     def standalone_bytes(self) -> int:
         """Peak reserved bytes of this capture's own allocation sequence on an empty pool."""
+        if self._standalone is None:
+            # Pending only while the graph holds its pool (reset() settles it).
+            assert self._pool is not None
+            self._standalone = self._pool.standalone_bytes(self._events)
         return self._standalone
 
     # -- capture ------------------------------------------------------------------------
@@ -124,7 +129,8 @@ class RecorderGraphImpl(GraphImpl):
         assert cap is not None and self._pool is not None
         pool = self._pool
         self.num_ops = replayed(cap.steps)
-        segments = segments_used(cap.steps) | {r.segment for r in cap.live_outputs()}
+        # Every location the capture recorded came through it, so it knows their segments.
+        segments = set(cap.segments)
         # Register the graph's segments before the capture ends, so memory freed during the
         # capture but still written by the program is not released in between.
         pool.add_graph(segments)
@@ -132,7 +138,10 @@ class RecorderGraphImpl(GraphImpl):
         self._inputs = list(cap.inputs.values())
         self._outputs = cap.live_outputs()
         self._memory = pool.reserved_bytes() - cap.reserved_before
-        self._standalone = pool.standalone_bytes(cap.events)
+        # standalone_bytes() replays the capture's allocation sequence on an empty pool: a
+        # pure function of the events, so it runs when first asked, not at every capture.
+        self._standalone = None
+        self._events = cap.events
         self._allocations = sum(1 for e in cap.events if e[0] == "alloc")
         # The program's tensors are created only now: during capture nothing held pool memory.
         self._frozen_steps = cap.steps
@@ -200,6 +209,9 @@ class RecorderGraphImpl(GraphImpl):
         if self._release is not None:
             self._release()  # after dropping the program, so its memory can go
             self._release = None
+        if self._standalone is None:  # never asked for: not worth a simulation now
+            self._standalone = 0
+        self._events = []
         self._pool = None
         self._handle = None
         self.num_ops = 0
@@ -216,7 +228,7 @@ class RecorderGraphImpl(GraphImpl):
             "pool_id": list(self._handle.id) if self._handle else None,
             "pool": stats.as_dict() if stats else None,
             "memory_bytes": self._memory,
-            "standalone_bytes": self._standalone,
+            "standalone_bytes": self.standalone_bytes(),
             "allocations_at_capture": self._allocations,
             "compiled": self._compiled,
         })

@@ -10,13 +10,12 @@ any such form allocate (and the debug dump says which).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 import torch
 
 from ...errors import ReplayError
-from .capture import InputRecord, Step, tree_flatten, tree_map
+from .capture import InputRecord, Step, tree_flatten
 from .pool import PoolRef, RecorderPool
 
 aten = torch.ops.aten
@@ -68,22 +67,32 @@ def allocates_at_replay(step: Step) -> bool:
 def materialize(steps: list[Step], pool: RecorderPool) -> list[Step]:
     """``steps`` with every pool location turned into a tensor over the pool's memory."""
     cache: dict[PoolRef, torch.Tensor] = {}
-
-    def one(x: Any) -> Any:
-        if isinstance(x, PoolRef):
-            t = cache.get(x)
-            if t is None:
-                t = cache[x] = pool.materialize(x)
-            return t
-        return x
-
     # Steps that replay runs nothing for (views, empty factories) need no tensors.
     return [
-        replace(s, args=tree_map(one, s.args), kwargs=tree_map(one, s.kwargs),
-                outputs=tuple(one(o) for o in s.outputs), extra=tree_map(one, s.extra))
+        Step(s.func, s.kind, _materialized(s.args, pool, cache),
+             _materialized(s.kwargs, pool, cache) if s.kwargs else {},
+             tuple([_materialized(o, pool, cache) for o in s.outputs]), s.strategy,
+             _materialized(s.extra, pool, cache), s.positions)
         for s in steps
         if s.kind not in ("view", "none")
     ]
+
+
+def _materialized(x: Any, pool: RecorderPool, cache: dict[PoolRef, torch.Tensor]) -> Any:
+    """``x`` with pool locations as tensors, one per distinct location (module level: a nested
+    recursive function would be a reference cycle, freed only by the cyclic collector)."""
+    if x.__class__ is PoolRef:
+        t = cache.get(x)
+        if t is None:
+            t = cache[x] = pool.materialize(x)
+        return t
+    if isinstance(x, tuple):
+        return tuple([_materialized(y, pool, cache) for y in x])
+    if isinstance(x, list):
+        return [_materialized(y, pool, cache) for y in x]
+    if isinstance(x, dict):
+        return {k: _materialized(v, pool, cache) for k, v in x.items()}
+    return x
 
 
 def segments_used(steps: list[Step]) -> set[int]:
