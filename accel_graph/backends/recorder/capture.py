@@ -153,9 +153,6 @@ def _op_key(func: OpOverload, args: tuple, kwargs: dict) -> Any:
 
 # Plan kinds: what a cached op does on every later call with the same argument metadata.
 _RUN, _MUTATE, _VIEW, _FUNCTIONAL = "run", "mutate", "view", "functional"
-_INPLACE_VIEW, _SET_DATA = "inplace_view", "set_data"
-#: ``t.data = other`` asks this op first, then re-points ``t`` without dispatching anything.
-_SET_DATA_PROBE = torch.ops.aten._has_compatible_shallow_copy_type.default
 
 
 class _Plan:
@@ -209,12 +206,12 @@ class Capture:
         self.refs: dict[int, PoolRef] = {}  # allocation key -> location, for the outputs
         #: Pool segments of every location recorded (the program's segments).
         self.segments: set[int] = set()
-        # Locations of the pool tensors this capture made (outputs, views): id(tensor) ->
-        # (weak reference, location), so an argument seen again is not asked of the pool.
-        # Valid while the tensor object lives and keeps its metadata: in-place view ops drop
-        # their tensor's entry, ``.data =`` drops them all (nothing else changes a tensor's
-        # storage, shape or strides in place: set_ and resize_ are refused).
-        self._locs: dict[int, tuple[weakref.ref, PoolRef]] = {}
+        # Locations of pool tensors seen in this capture, so an argument seen again is not
+        # asked of the pool: id(tensor) -> (weak reference, data_ptr, shape, stride, dtype,
+        # location). An entry holds while that object lives with that address and metadata
+        # (in-place view ops and ``t.data = other``, which need not dispatch anything, change
+        # them; a location is only an address, a shape, strides and a dtype).
+        self._locs: dict[int, tuple[Any, ...]] = {}
         self.reserved_before = pool.reserved_bytes()
         self.mode = _RecordingMode(self)
 
@@ -222,13 +219,14 @@ class Capture:
     def _loc(self, t: torch.Tensor) -> PoolRef | None:
         """The location of a pool tensor, or None for any other tensor."""
         entry = self._locs.get(id(t))
-        if entry is not None and entry[0]() is t:
-            return entry[1]
+        if (entry is not None and entry[0]() is t and entry[1] == t.data_ptr()
+                and entry[2] == t.shape and entry[3] == t.stride() and entry[4] is t.dtype):
+            return entry[5]
         pool = self.pool
         if pool.owns(t):
             ref = pool.ref(t)
             self.segments.add(ref.segment)
-            self._locs[id(t)] = (weakref.ref(t), ref)
+            self._locs[id(t)] = (weakref.ref(t), t.data_ptr(), t.shape, t.stride(), t.dtype, ref)
             return ref
         return None
 
@@ -365,14 +363,9 @@ class Capture:
             return self._run_view(func, args, kwargs)
         if kind is _MUTATE:
             return self._record_mutation(func, args, kwargs, plan)
-        if kind is _INPLACE_VIEW:
-            # Metadata-only in-place ops (t_, unsqueeze_, as_strided_) change the tensor
-            # object now, exactly as in eager, and touch no data: run, record nothing.
-            self._locs.pop(id(args[0]), None)
-            return func(*args, **kwargs)
-        if kind is _SET_DATA:
-            self._locs.clear()
-        # Pure metadata queries (METADATA_OPS; illegal ones are refused when planning).
+        # Metadata-only in-place ops (t_, unsqueeze_, as_strided_) change the tensor object
+        # now, exactly as in eager, and touch no data; pure metadata queries (METADATA_OPS;
+        # illegal ones are refused when planning): run, record nothing.
         return func(*args, **kwargs)
 
     def _plan(self, func: OpOverload, args: tuple, kwargs: dict, key: Any) -> _Plan | None:
@@ -387,9 +380,7 @@ class Capture:
             return None
         tags = func.tags
         if torch.Tag.inplace_view in tags:
-            plan = _Plan(_INPLACE_VIEW)
-        elif func is _SET_DATA_PROBE:
-            plan = _Plan(_SET_DATA)
+            plan = _Plan(_RUN)
         elif func._schema.is_mutable:
             plan = self._plan_mutation(func, args, kwargs, key)
         elif opinfo._returns_host_value(func):
@@ -574,7 +565,7 @@ class Capture:
             ref = pool.ref(t)
             self.segments.add(ref.segment)
             refs[key] = ref
-            locs[id(t)] = (weakref.ref(t), ref)
+            locs[id(t)] = (weakref.ref(t), t.data_ptr(), t.shape, t.stride(), t.dtype, ref)
             if self.poison:
                 _poison(t)
             outs.append(t)

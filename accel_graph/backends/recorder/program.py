@@ -9,6 +9,7 @@ any such form allocate (and the debug dump says which).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -153,7 +154,8 @@ def _emit_step(em: _Emitter, step: Step) -> None:
         em.call(strategy.op._op, args, kwargs)
     elif kind == "fill":
         for out in step.outputs:
-            if isinstance(step.extra, (int, float)) and not isinstance(step.extra, bool) and step.extra == 0:
+            # zero_() only for a true zero: fill_(-0.0) keeps the sign, as eager's full() does.
+            if _is_zero(step.extra):
                 em.call(_ZERO, (out,), {})
             else:
                 em.call(_FILL, (out, step.extra), {})
@@ -177,6 +179,13 @@ def _emit_step(em: _Emitter, step: Step) -> None:
         return  # nothing runs: contents undefined (empty), or an alias made at capture (view)
     else:  # pragma: no cover - a kind added to ops.Strategy must be handled here
         raise AssertionError(f"unknown step kind {kind}")
+
+
+def _is_zero(value: Any) -> bool:
+    """Whether ``value`` is a Python 0 or +0.0 (not -0.0, not a bool)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != 0:
+        return False
+    return math.copysign(1.0, value) > 0
 
 
 def _stale_raiser(inputs: list[InputRecord]) -> Callable[[int], None]:
