@@ -325,6 +325,20 @@ def _wl_frag(t: Tape, rng: np.random.Generator, steps: int, m: Model) -> None:
         t.free(big)
 
 
+def _wl_pin(t: Tape, rng: np.random.Generator, steps: int, m: Model) -> None:
+    """The pytorch#193400 micro-pattern (allocator-semantics.md 3.2 item 6): per cycle a 91 MiB
+    and a 45.5 MiB tensor, then a 2 MiB tensor that stays live (a "pin") while the two big ones
+    are freed. Harmless by default; with ``max_split_size_mb`` and expandable segments, torch
+    2.12+ keeps the freed big blocks from smaller requests and reserved grows every cycle (the
+    ``cuda-2.13`` vs ``cuda-2.9`` profiles). ``steps`` is the cycle count; sizes are fixed."""
+    for _ in range(steps):
+        a = t.alloc(91 * MIB)
+        b = t.alloc(91 * MIB // 2)
+        t.alloc(2 * MIB)  # the pin: never freed
+        t.free(a)
+        t.free(b)
+
+
 WORKLOADS: dict[str, Callable[..., None]] = {
     "train": _wl_train,
     "shapes": _wl_shapes,
@@ -332,8 +346,9 @@ WORKLOADS: dict[str, Callable[..., None]] = {
     "serve": _wl_serve,
     "rl": _wl_rl,
     "frag": _wl_frag,
+    "pin": _wl_pin,
 }
-_DEFAULT_STEPS = {"train": 2, "shapes": 4, "moe": 2, "serve": 8, "rl": 2, "frag": 4}
+_DEFAULT_STEPS = {"train": 2, "shapes": 4, "moe": 2, "serve": 8, "rl": 2, "frag": 4, "pin": 100}
 
 
 # ----------------------------------------------------------------------------------------------

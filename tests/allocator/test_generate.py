@@ -22,7 +22,7 @@ def traces():
 
 
 def test_workload_names():
-    assert set(WORKLOADS) == {"train", "shapes", "moe", "serve", "rl", "frag"}
+    assert set(WORKLOADS) == {"train", "shapes", "moe", "serve", "rl", "frag", "pin"}
     with pytest.raises(ValueError, match="unknown workload"):
         generate("nope")
 

@@ -30,7 +30,7 @@ from .common import (
 
 #: The generator's workloads (kept equal to ``generate.WORKLOADS``; a test checks it), listed
 #: here so that ``--help`` and argparse's choices need no import of the engine.
-WORKLOAD_NAMES = ("train", "shapes", "moe", "serve", "rl", "frag")
+WORKLOAD_NAMES = ("train", "shapes", "moe", "serve", "rl", "frag", "pin")
 FORMAT_BY_EXT = {".pkl": "pickle", ".pickle": "pickle", ".json": "json"}
 
 
@@ -38,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workload", "-w", required=True, choices=WORKLOAD_NAMES,
                         help="train (dense LM step), shapes (varying sequence length), moe, "
                         "serve (KV cache + graph capture), rl (train/generate with offload), "
-                        "frag (known fragmentation)")
+                        "frag (known fragmentation), pin (the pytorch#193400 pattern)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     parser.add_argument("--steps", type=int, default=None, metavar="N",
                         help="training steps / serving rounds / RL iterations (default: per "
