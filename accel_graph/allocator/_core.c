@@ -2125,6 +2125,17 @@ static void engine_unref(ag_engine *e) {
     if (__atomic_sub_fetch(&e->refs, 1, __ATOMIC_ACQ_REL) == 0) engine_teardown(e);
 }
 
+/* an extra reference for a holder of the raw engine address (TensorBlocks): the struct stays
+ * valid until ag_engine_drop, even after the owner's ag_engine_destroy (calls then see
+ * `closed` and refuse) */
+void ag_engine_retain(ag_engine *e) {
+    if (e) __atomic_add_fetch(&e->refs, 1, __ATOMIC_RELAXED);
+}
+
+void ag_engine_drop(ag_engine *e) {
+    if (e) engine_unref(e);
+}
+
 void ag_engine_destroy(ag_engine *e) {
     if (!e) return;
     /* an engine still installed as the pluggable allocator is unbound first, so a later

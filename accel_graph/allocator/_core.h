@@ -258,8 +258,11 @@ const char *ag_pluggable_last_error(int device);
  * thread (no GIL needed), queues `key` for ag_tensor_drain unless the engine is closed, and
  * drops the reference. ag_engine_destroy only drops the owner's reference: the engine and its
  * memory go when the last tensor block is released. ag_tensor_pending points at the number of
- * queued keys (read without the lock). With release_idle on, each release also returns whole
+ * queued keys (read without the lock). ag_engine_retain/ag_engine_drop take and drop an extra
+ * reference for whoever keeps the raw engine address. With release_idle on, each release also returns whole
  * free segments (as ag_empty_cache); turning it on releases them at once. */
+void ag_engine_retain(ag_engine *e);
+void ag_engine_drop(ag_engine *e);
 int64_t ag_tensor_alloc(ag_engine *e, int64_t size);
 void ag_tensor_release(ag_engine *e, uint64_t ptr, int64_t key);
 int64_t ag_tensor_drain(ag_engine *e, int64_t *out, int64_t max);

@@ -660,11 +660,16 @@ class TensorBlocks:
     index. The engine (and so every block) stays alive while any such tensor does.
     """
 
-    __slots__ = ("_engine", "_lib", "_mod", "addr", "pending")
+    __slots__ = ("_engine", "_lib", "_mod", "_ref", "addr", "pending")
 
     def __init__(self, engine: Engine, mod: Any) -> None:
         ffi, lib = engine._ffi, engine._lib
         self._engine, self._lib, self._mod = engine, lib, mod
+        # Our own reference on the C engine: ``addr`` and ``pending`` stay valid for this
+        # object's life even after ``engine.close()`` and the last tensor's death (calls then
+        # get the engine's "closed" status instead of touching freed memory).
+        lib.ag_engine_retain(engine._e)
+        self._ref = ffi.gc(ffi.cast("ag_engine *", engine._e), lib.ag_engine_drop)
         self.addr = int(ffi.cast("uintptr_t", engine._e))
         self.pending = lib.ag_tensor_pending(engine._e)
 
