@@ -8,6 +8,7 @@ keep working. Messages name the device, the state and the next step.
 
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING, Any
 
 __all__ = [
@@ -79,11 +80,18 @@ def _define_out_of_memory_error() -> type:
     return OutOfMemoryError
 
 
+_define_lock = threading.Lock()
+
+
 def __getattr__(name: str) -> Any:
-    """``OutOfMemoryError`` is created on first access (it derives from torch's OOM class)."""
+    """``OutOfMemoryError`` is created on first access (it derives from torch's OOM class),
+    once: concurrent first accesses get the same class, so every ``except`` matches."""
     if name == "OutOfMemoryError":
-        cls = _define_out_of_memory_error()
-        globals()[name] = cls
+        with _define_lock:
+            cls = globals().get(name)
+            if cls is None:
+                cls = _define_out_of_memory_error()
+                globals()[name] = cls
         return cls
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 

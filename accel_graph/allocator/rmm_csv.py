@@ -49,16 +49,18 @@ def is_rmm_csv(head: bytes) -> bool:
 
 
 def _time_us(text: str) -> int | None:
+    """Microseconds, or None (the trace then has no timestamps) for anything unreadable,
+    negative, non-finite or beyond int64."""
     text = text.strip()
     m = _CLOCK.match(text)
     if m:
         h, mi, s, frac = m.groups()
         return ((int(h) * 60 + int(mi)) * 60 + int(s)) * 1_000_000 + int(frac.ljust(6, "0")[:6])
     try:
-        value = float(text)
+        value = float(text) * 1e6
     except ValueError:
         return None
-    return int(round(value * 1e6)) if value >= 0 else None
+    return int(round(value)) if 0 <= value < 2**62 else None  # nan and inf fail the test
 
 
 def _int(text: str, what: str, where: str) -> int:

@@ -79,3 +79,17 @@ def test_recorded_async_backend_is_said_and_not_validated(cli, tmp_path):
     assert r.code == 0 and any("does not model" in n for n in r.json()["predicted"]["notes"])
     r = cli("simulate", path, "--cap", "1KiB")
     assert r.code == common.EXIT_CAP and "1.0 KiB" in r.err and "MiB" in r.err
+
+
+def test_rmm_times_that_do_not_fit_drop_timestamps(cli, tmp_path):
+    for bad in ("inf", "nan", "1e300", "-5"):
+        log = tmp_path / f"t_{bad}.csv"
+        log.write_text("Thread,Time,Action,Pointer,Size,Stream\n"
+                       f"1,{bad},allocate,0x1000,512,0x0\n1,2.0,free,0x1000,512,0x0\n")
+        assert not load_trace(log).has_time
+        assert cli("simulate", log).code == 0
+
+
+def test_absurd_cap_is_a_usage_error(cli, frag_trace):
+    r = cli("simulate", frag_trace, "--cap", "1e30")
+    assert r.code == common.EXIT_USAGE and "larger than any device" in r.err

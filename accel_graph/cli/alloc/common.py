@@ -106,7 +106,10 @@ def parse_size(text: str) -> int:
             f"{text!r} is not a whole number of bytes; give the device size with a unit, e.g. "
             "80GiB (a memory fraction goes in the config: per_process_memory_fraction:0.9)"
         )
-    return int(value * _UNITS[unit])
+    size = int(value * _UNITS[unit])
+    if size >= 1 << 60:  # 1 EiB: no device is that large, and the engine counts in int64
+        raise argparse.ArgumentTypeError(f"{text!r} is larger than any device (limit 1 EiB)")
+    return size
 
 
 def fmt_bytes(n: float | int | None) -> str:
