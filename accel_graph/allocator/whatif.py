@@ -239,6 +239,11 @@ class SimResult:
             "fragmentation_at_peak": round(self.fragmentation_at_peak, 6),
             "replay_seconds": round(self.replay_seconds, 6),
             "ops": self.n_ops,
+            # capacity answers (only with a cap): did every allocation succeed, and how much
+            # of the device was never reserved at the peak
+            "fits": None if self.scenario.cap is None else self.ooms == 0,
+            "headroom": (None if self.scenario.cap is None
+                         else self.scenario.cap - self.peak_reserved),
             "notes": list(self.scenario.notes) + list(self.notes),
         }
 

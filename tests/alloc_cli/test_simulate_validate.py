@@ -91,6 +91,12 @@ def test_simulate_cap_and_oom(cli, frag_trace):
     capped = r.json()["predicted"]
     assert capped["peak_reserved"] <= cap
     assert capped["retries"] + capped["ooms"] > 0
+    assert capped["fits"] == (capped["ooms"] == 0)
+    assert capped["headroom"] == cap - capped["peak_reserved"]
+    assert base["fits"] is None and base["headroom"] is None
+    tiny = cli("simulate", frag_trace, "--cap", str(80 << 20), "--json").json()["predicted"]
+    assert tiny["fits"] is False and tiny["ooms"] > 0
+    assert "fits in 80.0 MiB: no" in cli("simulate", frag_trace, "--cap", str(80 << 20)).out
 
 
 @pytest.mark.parametrize("argv, code, words", [

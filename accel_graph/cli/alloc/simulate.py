@@ -96,5 +96,10 @@ def render(payload: dict[str, Any]) -> str:
             f"config {p['label']}, profile {p['profile']}, policy {p['policy']}"
             + (f", cap {fmt_bytes(p['cap'])}" if p["cap"] else ""))
     lines = [head, "", format_table(["", "simulated", "recorded (its own settings)"], rows, align="lrr")]
+    if p.get("fits") is not None:
+        lines.append(
+            f"fits in {fmt_bytes(p['cap'])}: " + (
+                f"yes, {fmt_bytes(p['headroom'])} never reserved at the peak" if p["fits"] else
+                f"no: {p['ooms']} allocation(s) failed after {p['retries']} retries"))
     lines += [f"note: {n}" for n in p["notes"]]
     return "\n".join(lines)
