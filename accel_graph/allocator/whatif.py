@@ -207,7 +207,7 @@ class SimResult:
     scenario: Scenario
     device: int
     peak_reserved: int
-    peak_allocated: int | None
+    peak_allocated: int
     final_reserved: int
     start_reserved: int
     device_mallocs: int
@@ -273,16 +273,13 @@ def simulate(trace: Any, scenario: Scenario, *, device: int = 0,
     if not len(trace.events(device)):
         raise UnsupportedTraceError(f"the trace has no events for device {device}")
     es = engine_settings(scenario, trace, device)
-    kw: dict[str, Any] = {}
-    if keep_events:
-        kw["keep_events"] = True
-    r = replay_trace(trace, es, policy=scenario.policy, device=device,
-                     profile=scenario.profile, cache_ops=cache_ops, **kw)
+    r = replay_trace(trace, es, policy=scenario.policy, device=device, profile=scenario.profile,
+                     cache_ops=cache_ops, keep_events=keep_events)
     return SimResult(
         scenario=scenario,
         device=device,
         peak_reserved=int(r.peak_reserved),
-        peak_allocated=_opt_int(getattr(r, "peak_allocated", None)),
+        peak_allocated=int(r.peak_allocated),
         final_reserved=int(r.final_stats.get("reserved_bytes.all.current", 0)),
         start_reserved=int(r.start_reserved),
         device_mallocs=int(r.device_mallocs),
@@ -294,13 +291,9 @@ def simulate(trace: Any, scenario: Scenario, *, device: int = 0,
         fragmentation_at_peak=float(r.fragmentation_at_peak),
         replay_seconds=float(r.replay_seconds),
         n_ops=int(r.n_ops),
-        notes=list(getattr(r, "notes", []) or []),
+        notes=list(r.notes),
         replay=r,
     )
-
-
-def _opt_int(v: Any) -> int | None:
-    return None if v is None else int(v)
 
 
 def _human(n: int) -> str:
