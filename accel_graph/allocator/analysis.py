@@ -39,7 +39,16 @@ from typing import Any
 
 import numpy as np
 
-from .trace import ACTION_CODE
+from .trace import (
+    A_ALLOC,
+    A_FREE,
+    A_FREE_REQ,
+    A_MAP,
+    A_SEG_ALLOC,
+    A_SEG_FREE,
+    SEGMENT_ACTIONS,
+    reserved_delta,
+)
 
 __all__ = [
     "ADVICE",
@@ -55,14 +64,6 @@ MIB = 1 << 20
 #: torch's kSmallSize: blocks of at most this many bytes come from the small pool.
 SMALL_SIZE = MIB
 
-A_ALLOC = ACTION_CODE["alloc"]
-A_FREE_REQ = ACTION_CODE["free_requested"]
-A_FREE = ACTION_CODE["free_completed"]
-A_SEG_ALLOC = ACTION_CODE["segment_alloc"]
-A_SEG_FREE = ACTION_CODE["segment_free"]
-A_MAP = ACTION_CODE["segment_map"]
-A_UNMAP = ACTION_CODE["segment_unmap"]
-_SEGMENT_ACTIONS = (A_SEG_ALLOC, A_SEG_FREE, A_MAP, A_UNMAP)
 _NEVER = np.iinfo(np.int64).max
 
 #: The parts of (reserved - requested) at the peak of reserved, in report order. They sum
@@ -318,7 +319,7 @@ class _SegmentWalk:
                 mapped = _add_range(mapped, seg)
             else:
                 native[seg.addr] = seg
-        self.idx = np.flatnonzero(np.isin(ev["action"], _SEGMENT_ACTIONS))
+        self.idx = np.flatnonzero(np.isin(ev["action"], SEGMENT_ACTIONS))
         seg_ev = ev[self.idx]
         self.rows = list(zip(seg_ev["action"].tolist(), seg_ev["addr"].tolist(),
                              seg_ev["size"].tolist(), seg_ev["stream"].tolist(),
@@ -497,9 +498,7 @@ def inspect_trace(trace: Any, device: int = 0, top: int = 10) -> dict[str, Any]:
     start_active = int(pre_blk.sum()) + sum(u[1] for u in untouched)
 
     # -- curves --------------------------------------------------------------------------------
-    sign = np.select([np.isin(act, (A_SEG_ALLOC, A_MAP)), np.isin(act, (A_SEG_FREE, A_UNMAP))],
-                     [1, -1], 0)
-    seg_delta = np.concatenate(([0], np.cumsum(sign * ev["size"].astype(np.int64))))
+    seg_delta = np.concatenate(([0], np.cumsum(reserved_delta(ev))))
     final_reserved = sum(int(s["total_size"]) for s in final)
     start_reserved = final_reserved - int(seg_delta[-1])
     reserved = start_reserved + seg_delta
@@ -517,7 +516,7 @@ def inspect_trace(trace: Any, device: int = 0, top: int = 10) -> dict[str, Any]:
 
     # -- streams -------------------------------------------------------------------------------
     alloc_streams = ev["stream"][pairs.alloc_idx]
-    streams = np.unique(ev["stream"][np.isin(act, (A_ALLOC, A_FREE_REQ, A_FREE) + _SEGMENT_ACTIONS)])
+    streams = np.unique(ev["stream"][np.isin(act, (A_ALLOC, A_FREE_REQ, A_FREE) + SEGMENT_ACTIONS)])
     if len(alloc_streams):
         su, sc = np.unique(alloc_streams, return_counts=True)
         main_stream: int | None = int(su[np.argmax(sc)])

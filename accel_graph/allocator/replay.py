@@ -39,7 +39,18 @@ import numpy as np
 from .config import settings_from_snapshot
 from .engine import OP, OP_DTYPE, Engine, EngineSettings
 from .profiles import NPU_ROUND_EXTRA, Profile, resolve_profile, round_requests
-from .trace import ACTION_CODE, ACTIONS
+from .trace import (
+    A_ALLOC,
+    A_FREE,
+    A_FREE_REQ,
+    A_MAP,
+    A_SEG_ALLOC,
+    A_SEG_FREE,
+    A_UNMAP,
+    ACTIONS,
+    SEGMENT_ACTIONS,
+    reserved_delta,
+)
 
 __all__ = [
     "ReplayResult",
@@ -57,14 +68,6 @@ __all__ = [
 ]
 
 MIB = 1 << 20
-A_ALLOC = ACTION_CODE["alloc"]
-A_FREE_REQ = ACTION_CODE["free_requested"]
-A_FREE = ACTION_CODE["free_completed"]
-A_SEG_ALLOC = ACTION_CODE["segment_alloc"]
-A_SEG_FREE = ACTION_CODE["segment_free"]
-A_MAP = ACTION_CODE["segment_map"]
-A_UNMAP = ACTION_CODE["segment_unmap"]
-SEGMENT_ACTIONS = (A_SEG_ALLOC, A_SEG_FREE, A_MAP, A_UNMAP)
 
 
 def apply_profile(settings: EngineSettings, profile: Profile | str | None,
@@ -703,9 +706,7 @@ def recorded_summary(trace: Any, device: int = 0) -> dict[str, Any]:
     peak/final reserved bytes (start reserved = final segments minus the net trace change)."""
     ev = trace.events(device)
     act = ev["action"]
-    sign = np.select([np.isin(act, (A_SEG_ALLOC, A_MAP)), np.isin(act, (A_SEG_FREE, A_UNMAP))],
-                     [1, -1], 0)
-    delta = np.cumsum(sign * ev["size"].astype(np.int64))
+    delta = np.cumsum(reserved_delta(ev))
     final = sum(int(s["total_size"]) for s in trace.segments if s.get("device", device) == device)
     start = final - (int(delta[-1]) if len(delta) else 0)
     counts = {ACTIONS[c]: int((act == c).sum()) for c in SEGMENT_ACTIONS}
@@ -729,8 +730,7 @@ def _curves(events: np.ndarray, start_reserved: int,
     """Reserved and requested bytes after each event (int64 arrays)."""
     act = events["action"].astype(np.int64)
     size = events["size"].astype(np.int64)
-    res = start_reserved + np.cumsum(np.select(
-        [np.isin(act, (A_SEG_ALLOC, A_MAP)), np.isin(act, (A_SEG_FREE, A_UNMAP))], [size, -size], 0))
+    res = start_reserved + np.cumsum(reserved_delta(events))
     req = start_requested + np.cumsum(np.select(
         [act == A_ALLOC, act == A_FREE_REQ], [size, -size], 0))
     return res, req

@@ -30,16 +30,10 @@ from typing import Any
 import numpy as np
 
 from .snapshot_io import NO_TIME
-from .trace import ACTION_CODE
+from .trace import A_ALLOC, A_FREE, A_FREE_REQ, A_OOM, reserved_delta
 
 __all__ = ["Timeline", "recorded_timeline", "simulated_timeline"]
 
-_ALLOC = ACTION_CODE["alloc"]
-_FREE_REQ = ACTION_CODE["free_requested"]
-_FREE = ACTION_CODE["free_completed"]
-_OOM = ACTION_CODE["oom"]
-_GROW = (ACTION_CODE["segment_alloc"], ACTION_CODE["segment_map"])
-_SHRINK = (ACTION_CODE["segment_free"], ACTION_CODE["segment_unmap"])
 
 
 @dataclass(frozen=True)
@@ -120,10 +114,10 @@ def _curves(ev: np.ndarray, free_code: int, start_alloc: int,
     events that advance x."""
     act = ev["action"].astype(np.int64)
     size = ev["size"].astype(np.int64)
-    counted = (act == _ALLOC) | (act == _OOM) | (act == free_code)
+    counted = (act == A_ALLOC) | (act == A_OOM) | (act == free_code)
     x = np.concatenate(([0], np.cumsum(counted)))
-    d_alloc = np.where(act == _ALLOC, size, 0) - np.where(act == free_code, size, 0)
-    d_res = np.where(np.isin(act, _GROW), size, 0) - np.where(np.isin(act, _SHRINK), size, 0)
+    d_alloc = np.where(act == A_ALLOC, size, 0) - np.where(act == free_code, size, 0)
+    d_res = reserved_delta(ev)
     alloc = np.concatenate(([0], np.cumsum(d_alloc)))
     res = np.concatenate(([0], np.cumsum(d_res)))
     return x.astype(np.int64), alloc + start_alloc, res + start_res, counted
@@ -133,9 +127,9 @@ def _free_code(ev: np.ndarray) -> int:
     """The free action to count: ``free_completed`` when the trace has any, else
     ``free_requested`` (traces that record only one kind of free)."""
     act = ev["action"]
-    if (act == _FREE).any() or not (act == _FREE_REQ).any():
-        return _FREE
-    return _FREE_REQ
+    if (act == A_FREE).any() or not (act == A_FREE_REQ).any():
+        return A_FREE
+    return A_FREE_REQ
 
 
 def _final_live(trace: Any, device: int) -> int:
@@ -205,7 +199,7 @@ def simulated_timeline(sim: Any, trace: Any = None, *, label: str | None = None)
     if label is None:
         scenario = getattr(sim, "scenario", None)
         label = scenario.label if scenario is not None else "simulated"
-    x, alloc, res, _ = _curves(events, _FREE, int(start.get("requested_bytes.all.current", 0)),
+    x, alloc, res, _ = _curves(events, A_FREE, int(start.get("requested_bytes.all.current", 0)),
                                int(start.get("reserved_bytes.all.current", 0)))
     time_us = None
     if trace is not None:

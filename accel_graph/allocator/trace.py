@@ -6,6 +6,8 @@ core); names are PyTorch's snapshot ``action`` strings.
 
 from __future__ import annotations
 
+import numpy as np
+
 #: PyTorch snapshot action names by code. Never renumber: the compact format stores the codes.
 ACTIONS: tuple[str, ...] = (
     "alloc",
@@ -19,3 +21,26 @@ ACTIONS: tuple[str, ...] = (
     "snapshot",
 )
 ACTION_CODE: dict[str, int] = {name: code for code, name in enumerate(ACTIONS)}
+
+# Named codes, for vectorised code over event arrays (``ev["action"] == A_ALLOC``).
+A_ALLOC = ACTION_CODE["alloc"]
+A_FREE_REQ = ACTION_CODE["free_requested"]
+A_FREE = ACTION_CODE["free_completed"]
+A_SEG_ALLOC = ACTION_CODE["segment_alloc"]
+A_SEG_FREE = ACTION_CODE["segment_free"]
+A_MAP = ACTION_CODE["segment_map"]
+A_UNMAP = ACTION_CODE["segment_unmap"]
+A_OOM = ACTION_CODE["oom"]
+#: Events that change reserved memory: growth (allocate, map) and shrinkage (free, unmap).
+GROW_ACTIONS = (A_SEG_ALLOC, A_MAP)
+SHRINK_ACTIONS = (A_SEG_FREE, A_UNMAP)
+SEGMENT_ACTIONS = GROW_ACTIONS + SHRINK_ACTIONS
+
+
+def reserved_delta(events: np.ndarray) -> np.ndarray:
+    """How each event of a structured array (``action``, ``size``: a trace's or the engine's)
+    changes reserved bytes: +size for segment_alloc/map, -size for segment_free/unmap, else 0
+    (int64). Its cumulative sum is the reserved curve."""
+    act = events["action"]
+    size = events["size"].astype(np.int64)
+    return np.where(np.isin(act, GROW_ACTIONS), size, 0) - np.where(np.isin(act, SHRINK_ACTIONS), size, 0)

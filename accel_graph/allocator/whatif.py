@@ -23,7 +23,7 @@ from ..errors import AccelGraphError
 from . import profiles as _profiles
 from .config import AllocatorSettings, parse_config, settings_from_snapshot
 from .engine import POLICIES, EngineSettings
-from .trace import ACTION_CODE
+from .trace import A_ALLOC
 
 __all__ = [
     "CONFIG_DEVICE",
@@ -39,7 +39,6 @@ __all__ = [
     "top_level_entries",
 ]
 
-_A_ALLOC = ACTION_CODE["alloc"]
 #: Newest torch minor the profiles describe; the default profile for a trace is the newest one.
 _NEWEST = (2, 13)
 #: config.py's device vocabulary (parse_config's ``device``) for each profile device.
@@ -97,7 +96,7 @@ def recorded_settings(trace: Any, device: int | None = None) -> AllocatorSetting
 def largest_request(trace: Any, device: int = 0) -> int:
     """The largest single ``alloc`` request of ``device`` in the trace (0 when none)."""
     ev = trace.events(device)
-    sizes = ev["size"][ev["action"] == _A_ALLOC]
+    sizes = ev["size"][ev["action"] == A_ALLOC]
     return int(sizes.max()) if len(sizes) else 0
 
 
