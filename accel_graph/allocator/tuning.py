@@ -48,6 +48,7 @@ from .engine import POLICIES
 from .whatif import (
     CONFIG_DEVICE,
     CapacityError,
+    Figures,
     UnsupportedTraceError,
     make_scenario,
     recorded_settings,
@@ -236,31 +237,17 @@ def search_space(trace: Any, profile: str | _profiles.Profile | None = None,
 
 
 @dataclass
-class Candidate:
+class Candidate(Figures):
     """One evaluated configuration. ``config`` is canonical (``""`` = torch's defaults)."""
 
     config: str | None  # None: the recorded settings, not expressible as a config string
     policy: str
     stage: str
-    peak_reserved: int
-    peak_allocated: int | None
-    device_mallocs: int
-    device_frees: int
-    maps: int
-    unmaps: int
-    retries: int
-    ooms: int
-    fragmentation_at_peak: float
     notes: tuple[str, ...] = ()
     #: entries (``key:value``) that differ from the baseline's canonical string
     distance: int = 0
     es: bool | None = None
     choice: dict[str, Any] | None = field(default=None, repr=False)
-
-    @property
-    def device_calls(self) -> int:
-        """Synchronising device calls: mallocs + frees + expandable maps + unmaps."""
-        return self.device_mallocs + self.device_frees + self.maps + self.unmaps
 
     @property
     def label(self) -> str:
@@ -279,17 +266,8 @@ class Candidate:
             "label": self.label,
             "policy": self.policy,
             "stage": self.stage,
-            "peak_reserved": self.peak_reserved,
-            "peak_allocated": self.peak_allocated,
-            "device_mallocs": self.device_mallocs,
-            "device_frees": self.device_frees,
-            "segment_maps": self.maps,
-            "segment_unmaps": self.unmaps,
-            "device_calls": self.device_calls,
-            "retries": self.retries,
-            "ooms": self.ooms,
+            **self.figures_json(),
             "oom": self.ooms > 0,
-            "fragmentation_at_peak": round(self.fragmentation_at_peak, 6),
             "changed_entries": self.distance,
             "notes": list(self.notes),
         }
@@ -410,13 +388,7 @@ def _evaluate_one(trace: Any, config: str | None, policy: str, profile: _profile
                   cap: int | None, device: int) -> dict[str, Any]:
     sc = make_scenario(trace, config, policy=policy, profile=profile, cap=cap, device=device)
     r = simulate(trace, sc, device=device)
-    return {
-        "peak_reserved": r.peak_reserved, "peak_allocated": r.peak_allocated,
-        "device_mallocs": r.device_mallocs, "device_frees": r.device_frees, "maps": r.maps,
-        "unmaps": r.unmaps, "retries": r.retries, "ooms": r.ooms,
-        "fragmentation_at_peak": r.fragmentation_at_peak,
-        "notes": tuple(sc.notes) + tuple(r.notes),
-    }
+    return {**r.figures(), "notes": tuple(sc.notes) + tuple(r.notes)}
 
 
 def _worker_init(trace: Any, profile: _profiles.Profile, cap: int | None, device: int) -> None:

@@ -28,6 +28,7 @@ from .trace import A_ALLOC
 __all__ = [
     "CONFIG_DEVICE",
     "CapacityError",
+    "Figures",
     "Scenario",
     "SimResult",
     "UnsupportedTraceError",
@@ -200,15 +201,12 @@ def top_level_entries(text: str) -> list[str]:
 
 
 @dataclass
-class SimResult:
-    """What one replay predicts. Byte figures are ints; see docs/accel-alloc.md for meaning."""
+class Figures:
+    """The figures every simulated configuration is judged by (shared by :class:`SimResult`
+    and the tuner's candidates, and named alike in every JSON document)."""
 
-    scenario: Scenario
-    device: int
     peak_reserved: int
     peak_allocated: int
-    final_reserved: int
-    start_reserved: int
     device_mallocs: int
     device_frees: int
     maps: int
@@ -216,6 +214,39 @@ class SimResult:
     retries: int
     ooms: int
     fragmentation_at_peak: float
+
+    @property
+    def device_calls(self) -> int:
+        """Synchronising device calls: mallocs + frees + expandable maps + unmaps."""
+        return self.device_mallocs + self.device_frees + self.maps + self.unmaps
+
+    def figures(self) -> dict[str, Any]:
+        """The :class:`Figures` fields alone (picklable; for worker processes)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(Figures)}
+
+    def figures_json(self) -> dict[str, Any]:
+        return {
+            "peak_reserved": self.peak_reserved,
+            "peak_allocated": self.peak_allocated,
+            "device_mallocs": self.device_mallocs,
+            "device_frees": self.device_frees,
+            "segment_maps": self.maps,
+            "segment_unmaps": self.unmaps,
+            "device_calls": self.device_calls,
+            "retries": self.retries,
+            "ooms": self.ooms,
+            "fragmentation_at_peak": round(self.fragmentation_at_peak, 6),
+        }
+
+
+@dataclass
+class SimResult(Figures):
+    """What one replay predicts. Byte figures are ints; see docs/accel-alloc.md for meaning."""
+
+    scenario: Scenario
+    device: int
+    final_reserved: int
+    start_reserved: int
     replay_seconds: float
     n_ops: int
     notes: list[str] = field(default_factory=list)
@@ -224,18 +255,10 @@ class SimResult:
     def to_json(self) -> dict[str, Any]:
         return {
             **self.scenario.describe(),
+            **self.figures_json(),
             "device": self.device,
-            "peak_reserved": self.peak_reserved,
-            "peak_allocated": self.peak_allocated,
             "final_reserved": self.final_reserved,
             "start_reserved": self.start_reserved,
-            "device_mallocs": self.device_mallocs,
-            "device_frees": self.device_frees,
-            "segment_maps": self.maps,
-            "segment_unmaps": self.unmaps,
-            "retries": self.retries,
-            "ooms": self.ooms,
-            "fragmentation_at_peak": round(self.fragmentation_at_peak, 6),
             "replay_seconds": round(self.replay_seconds, 6),
             "ops": self.n_ops,
             # capacity answers (only with a cap): did every allocation succeed, and how much
