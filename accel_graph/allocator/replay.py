@@ -28,6 +28,7 @@ device; :func:`apply_profile` says which engine settings that changes, with note
 from __future__ import annotations
 
 import copy
+import dataclasses
 import threading
 import weakref
 from collections import OrderedDict
@@ -53,6 +54,7 @@ from .trace import (
 )
 
 __all__ = [
+    "Figures",
     "ReplayResult",
     "apply_profile",
     "build_ops",
@@ -139,28 +141,60 @@ def apply_profile(settings: EngineSettings, profile: Profile | str | None,
 
 
 @dataclass
-class ReplayResult:
-    """What a replay did (engine side) — compare with :func:`recorded_summary`."""
+class Figures:
+    """The figures every simulated configuration is judged by (shared by :class:`SimResult`
+    and the tuner's candidates, and named alike in every JSON document)."""
 
     peak_reserved: int
+    peak_allocated: int
     device_mallocs: int
     device_frees: int
     maps: int
     unmaps: int
     retries: int
     ooms: int
+    fragmentation_at_peak: float
+
+    @property
+    def device_calls(self) -> int:
+        """Synchronising device calls: mallocs + frees + expandable maps + unmaps."""
+        return self.device_mallocs + self.device_frees + self.maps + self.unmaps
+
+    def figures(self) -> dict[str, Any]:
+        """The :class:`Figures` fields alone (picklable; for worker processes)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(Figures)}
+
+    def figures_json(self) -> dict[str, Any]:
+        return {
+            "peak_reserved": self.peak_reserved,
+            "peak_allocated": self.peak_allocated,
+            "device_mallocs": self.device_mallocs,
+            "device_frees": self.device_frees,
+            "segment_maps": self.maps,
+            "segment_unmaps": self.unmaps,
+            "device_calls": self.device_calls,
+            "retries": self.retries,
+            "ooms": self.ooms,
+            "fragmentation_at_peak": round(self.fragmentation_at_peak, 6),
+        }
+
+
+@dataclass
+class ReplayResult(Figures):
+    """What a replay did (engine side) — compare with :func:`recorded_summary`. The
+    :class:`Figures` are over the trace (the prologue that rebuilds the start state excluded,
+    the start state included); ``fragmentation_at_peak`` is 1 - requested/reserved at the peak
+    of reserved."""
+
     segment_events: np.ndarray  # engine EVENT_DTYPE records of segment_* actions, oldest first
-    fragmentation_at_peak: float  # 1 - allocated/reserved at the peak of reserved
     final_stats: dict[str, int]
     start_reserved: int
     n_ops: int
     replay_seconds: float = 0.0
     inferred_empty_cache: int = 0
     layout: list[dict[str, Any]] = field(default_factory=list)
-    #: peaks over the trace (the prologue excluded, the start state included), torch's
-    #: definitions: allocated = block bytes, active = allocated + pending cross-stream frees,
-    #: requested = the callers' sizes
-    peak_allocated: int = 0
+    #: more peaks, torch's definitions: allocated (a Figures field) = block bytes, active =
+    #: allocated + pending cross-stream frees, requested = the callers' sizes
     peak_active: int = 0
     peak_requested: int = 0
     #: the profile simulated (name) and what it changed or could not model

@@ -23,6 +23,7 @@ from ..errors import AccelGraphError
 from . import profiles as _profiles
 from .config import AllocatorSettings, parse_config, settings_from_snapshot
 from .engine import POLICIES, EngineSettings
+from .replay import Figures
 from .trace import A_ALLOC
 
 __all__ = [
@@ -201,45 +202,6 @@ def top_level_entries(text: str) -> list[str]:
 
 
 @dataclass
-class Figures:
-    """The figures every simulated configuration is judged by (shared by :class:`SimResult`
-    and the tuner's candidates, and named alike in every JSON document)."""
-
-    peak_reserved: int
-    peak_allocated: int
-    device_mallocs: int
-    device_frees: int
-    maps: int
-    unmaps: int
-    retries: int
-    ooms: int
-    fragmentation_at_peak: float
-
-    @property
-    def device_calls(self) -> int:
-        """Synchronising device calls: mallocs + frees + expandable maps + unmaps."""
-        return self.device_mallocs + self.device_frees + self.maps + self.unmaps
-
-    def figures(self) -> dict[str, Any]:
-        """The :class:`Figures` fields alone (picklable; for worker processes)."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(Figures)}
-
-    def figures_json(self) -> dict[str, Any]:
-        return {
-            "peak_reserved": self.peak_reserved,
-            "peak_allocated": self.peak_allocated,
-            "device_mallocs": self.device_mallocs,
-            "device_frees": self.device_frees,
-            "segment_maps": self.maps,
-            "segment_unmaps": self.unmaps,
-            "device_calls": self.device_calls,
-            "retries": self.retries,
-            "ooms": self.ooms,
-            "fragmentation_at_peak": round(self.fragmentation_at_peak, 6),
-        }
-
-
-@dataclass
 class SimResult(Figures):
     """What one replay predicts. Byte figures are ints; see docs/accel-alloc.md for meaning."""
 
@@ -298,19 +260,11 @@ def simulate(trace: Any, scenario: Scenario, *, device: int = 0,
     r = replay_trace(trace, es, policy=scenario.policy, device=device, profile=scenario.profile,
                      cache_ops=cache_ops, keep_events=keep_events)
     return SimResult(
+        **r.figures(),
         scenario=scenario,
         device=device,
-        peak_reserved=int(r.peak_reserved),
-        peak_allocated=int(r.peak_allocated),
         final_reserved=int(r.final_stats.get("reserved_bytes.all.current", 0)),
         start_reserved=int(r.start_reserved),
-        device_mallocs=int(r.device_mallocs),
-        device_frees=int(r.device_frees),
-        maps=int(r.maps),
-        unmaps=int(r.unmaps),
-        retries=int(r.retries),
-        ooms=int(r.ooms),
-        fragmentation_at_peak=float(r.fragmentation_at_peak),
         replay_seconds=float(r.replay_seconds),
         n_ops=int(r.n_ops),
         notes=list(r.notes),
