@@ -45,7 +45,9 @@ __all__ = [
     "EXIT_USAGE",
     "SCHEMA_VERSION",
     "CliError",
+    "add_cap_option",
     "add_json_option",
+    "add_profile_option",
     "add_scenario_options",
     "add_trace_options",
     "emit",
@@ -192,13 +194,23 @@ def add_scenario_options(parser: argparse.ArgumentParser, *, config_required: bo
     parser.add_argument("--policy", default=None, metavar="NAME",
                         help="allocator policy to simulate: native (PyTorch's caching allocator), "
                         "xpu or bfc (TensorFlow's BFC allocator) (default: the profile's)")
+    add_profile_option(parser)
+    add_cap_option(parser)
+
+
+def add_profile_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", default=None, metavar="NAME",
                         help="torch version x device profile, e.g. cuda-2.13, cuda-2.9, rocm-2.13, "
                         "npu, xpu (default: from the trace's device type, newest torch); "
                         "`accel-alloc simulate --list-profiles` lists them")
+
+
+def add_cap_option(parser: argparse.ArgumentParser, role: str = (
+        "allocations beyond it retry, release the cache and finally fail as out-of-memory "
+        "events")) -> None:
+    """``--cap BYTES``: the simulated device size; ``role`` says what it does for the command."""
     parser.add_argument("--cap", type=parse_size, default=None, metavar="BYTES",
-                        help="device memory to simulate (e.g. 80GiB): allocations beyond it "
-                        "retry, release the cache and finally fail as out-of-memory events")
+                        help=f"device memory to simulate (e.g. 80GiB): {role}")
 
 
 #: ``scenario_from_args(config=...)`` default: take ``--config`` from the parsed arguments.

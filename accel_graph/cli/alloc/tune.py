@@ -19,14 +19,15 @@ from .common import (
     EXIT_USAGE,
     SCHEMA_VERSION,
     CliError,
+    add_cap_option,
     add_json_option,
+    add_profile_option,
     add_trace_options,
     emit,
     fmt_bytes,
     format_table,
     guarded,
     load_input,
-    parse_size,
     pick_device,
 )
 
@@ -39,13 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="peak: lowest peak reserved; mallocs: fewest device mallocs/frees/"
                         "maps/unmaps within 5%% of the lowest peak; pareto: the knee of the "
                         "peak-vs-device-calls front (default: peak)")
-    parser.add_argument("--cap", type=parse_size, default=None, metavar="BYTES",
-                        help="device memory (e.g. 80GiB): configurations that run out of memory "
-                        "rank last; enables garbage_collection_threshold + "
-                        "per_process_memory_fraction candidates")
-    parser.add_argument("--profile", default=None, metavar="NAME",
-                        help="torch version x device profile (cuda-2.13, cuda-2.9, rocm-2.13, npu, "
-                        "xpu, ...; default: from the trace's device type, newest torch)")
+    add_cap_option(parser, "configurations that run out of memory rank last; enables "
+                   "garbage_collection_threshold + per_process_memory_fraction candidates")
+    add_profile_option(parser)
     parser.add_argument("--budget", type=int, default=DEFAULT_BUDGET, metavar="N",
                         help=f"configurations to evaluate (default {DEFAULT_BUDGET})")
     parser.add_argument("--top", type=int, default=10, metavar="K",

@@ -16,14 +16,15 @@ import numpy as np
 from .common import (
     EXIT_CHECK_FAILED,
     SCHEMA_VERSION,
+    add_cap_option,
     add_json_option,
+    add_profile_option,
     add_trace_options,
     emit,
     fmt_bytes,
     format_table,
     guarded,
     load_input,
-    parse_size,
     pick_device,
 )
 
@@ -33,11 +34,9 @@ _BYTES = ("peak_reserved", "final_reserved")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_trace_options(parser)
-    parser.add_argument("--profile", default=None, metavar="NAME",
-                        help="profile to validate under (default: from the trace's device type)")
-    parser.add_argument("--cap", type=parse_size, default=None, metavar="BYTES",
-                        help="the device size the trace was recorded on (needed when it was "
-                        "recorded with per_process_memory_fraction)")
+    add_profile_option(parser)
+    add_cap_option(parser, "the size of the device the trace was recorded on (needed when it "
+                   "was recorded with per_process_memory_fraction)")
     parser.add_argument("--max-error", type=float, default=None, metavar="PCT",
                         help="exit 1 when |peak reserved error| exceeds PCT percent, or cannot "
                         "be measured (the trace records no segment events)")
