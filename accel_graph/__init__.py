@@ -8,6 +8,7 @@ import sys
 import types
 from typing import TYPE_CHECKING, Any
 
+from ._lazy import lazy_exports
 from .errors import (
     AccelGraphError,
     BackendUnavailable,
@@ -41,19 +42,7 @@ _LAZY: dict[str, str] = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
 
 
 class _Package(types.ModuleType):
