@@ -398,6 +398,33 @@ static inline ag_block *blk_new(ag_engine *e) {
     return b;
 }
 
+/* A new block of `size` bytes at `ptr` in b's segment and pool, with b's stream and mapping,
+ * linked just before (before != 0) or just after b. The caller sets what differs and puts it
+ * in the set it belongs to (free pool, unmapped set). Callers reserved the struct first. */
+static inline ag_block *blk_neighbour(ag_engine *e, ag_block *b, uint64_t ptr, uint64_t size,
+                                      int before) {
+    ag_block *x = blk_new(e);
+    x->ptr = ptr;
+    x->size = size;
+    x->stream = b->stream;
+    x->pool = b->pool;
+    x->seg = b->seg;
+    x->mapped = b->mapped;
+    if (before) {
+        x->prev = b->prev;
+        x->next = b;
+        if (b->prev) b->prev->next = x;
+        b->prev = x;
+        if (b->seg->head == b) b->seg->head = x;
+    } else {
+        x->prev = b;
+        x->next = b->next;
+        if (b->next) b->next->prev = x;
+        b->next = x;
+    }
+    return x;
+}
+
 static inline void blk_del(ag_engine *e, ag_block *b) {
     b->l = e->free_structs;
     e->free_structs = b;
@@ -946,33 +973,8 @@ static void unmap_block(ag_engine *e, ag_block *b) {
     pool_erase(p, b);
     uint64_t before = begin - b->ptr;
     uint64_t after = b->ptr + b->size - end;
-    if (before) {
-        ag_block *x = blk_new(e);
-        x->ptr = b->ptr;
-        x->size = before;
-        x->stream = b->stream;
-        x->pool = p;
-        x->seg = g;
-        x->prev = b->prev;
-        x->next = b;
-        if (b->prev) b->prev->next = x;
-        b->prev = x;
-        if (g->head == b) g->head = x;
-        pool_insert(p, x);
-    }
-    if (after) {
-        ag_block *x = blk_new(e);
-        x->ptr = end;
-        x->size = after;
-        x->stream = b->stream;
-        x->pool = p;
-        x->seg = g;
-        x->prev = b;
-        x->next = b->next;
-        if (b->next) b->next->prev = x;
-        b->next = x;
-        pool_insert(p, x);
-    }
+    if (before) pool_insert(p, blk_neighbour(e, b, b->ptr, before, 1));
+    if (after) pool_insert(p, blk_neighbour(e, b, end, after, 0));
     b->ptr = begin;
     b->size = end - begin;
     b->mapped = 0;
@@ -1208,17 +1210,8 @@ static int map_block(ag_engine *e, ag_block *b, uint64_t size, params *p) {
     unmapped_erase(bp, b);
     b->mapped = 1;
     if (msize < b->size) {
-        ag_block *x = blk_new(e);
-        x->ptr = b->ptr + msize;
-        x->size = b->size - msize;
-        x->stream = b->stream;
-        x->pool = bp;
-        x->seg = g;
+        ag_block *x = blk_neighbour(e, b, b->ptr + msize, b->size - msize, 0);
         x->mapped = 0;
-        x->prev = b;
-        x->next = b->next;
-        if (b->next) b->next->prev = x;
-        b->next = x;
         unmapped_insert(bp, x);
         b->size = msize;
     }
@@ -1501,17 +1494,7 @@ static ag_block *alloc_found_block(ag_engine *e, params *p, uint64_t orig) {
         uint64_t off = al - b->ptr % al;
         if (off + p->size <= b->size) {
             ag_block *h = b;
-            b = blk_new(e);
-            b->ptr = h->ptr + off;
-            b->size = h->size - off;
-            b->stream = h->stream;
-            b->pool = bp;
-            b->seg = h->seg;
-            b->mapped = h->mapped;
-            b->next = h->next;
-            if (b->next) b->next->prev = b;
-            b->prev = h;
-            h->next = b;
+            b = blk_neighbour(e, h, h->ptr + off, h->size - off, 0);
             h->size = off;
             pool_insert(bp, h);
         }
@@ -1519,17 +1502,8 @@ static ag_block *alloc_found_block(ag_engine *e, params *p, uint64_t orig) {
     int already_split = is_split(b);
     if (should_split(e, b, p->size)) {
         ag_block *rem = b;
-        b = blk_new(e);
-        b->ptr = rem->ptr;
-        b->size = p->size;
+        b = blk_neighbour(e, rem, rem->ptr, p->size, 1);
         b->stream = p->stream;
-        b->pool = bp;
-        b->seg = rem->seg;
-        b->prev = rem->prev;
-        if (b->prev) b->prev->next = b;
-        b->next = rem;
-        rem->prev = b;
-        if (rem->seg->head == rem) rem->seg->head = b;
         rem->ptr += p->size;
         rem->size -= p->size;
         pool_insert(bp, rem);
