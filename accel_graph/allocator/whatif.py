@@ -60,8 +60,9 @@ class Scenario:
     """One configuration to replay a trace under.
 
     ``config``: the canonical config string (``""`` = torch's defaults), or None for "the
-    settings the trace was recorded with". ``settings``: the parsed form (None when recorded
-    settings are used). ``notes``: what the profile ignores or changes about this config.
+    settings the trace was recorded with". ``settings``: the parsed form (for ``config=None``
+    the recorded settings, as :func:`make_scenario` read them; None: read them at replay).
+    ``notes``: what the profile ignores or changes about this config.
     """
 
     config: str | None
@@ -161,14 +162,15 @@ def make_scenario(trace: Any, config: str | None = None, *, policy: str | None =
         if settings.garbage_collection_threshold > 0 and settings.per_process_memory_fraction >= 1.0:
             notes.append("garbage_collection_threshold acts only with per_process_memory_fraction "
                          "set (pytorch#106660): no effect here")
-    if config is None and recorded_settings(trace, device).backend != "native":
-        notes.append(
-            f"the trace was recorded with backend:{recorded_settings(trace, device).backend} "
-            "(the driver's stream-ordered pool), which this simulator does not model: the "
-            "replay shows PyTorch's native caching allocator instead")
-    if config is None and cap is None:
-        fraction = recorded_settings(trace, device).per_process_memory_fraction
-        if fraction < 1.0:
+    if config is None:  # the recorded settings, read once for every replay of this scenario
+        settings = recorded_settings(trace, device)
+        if settings.backend != "native":
+            notes.append(
+                f"the trace was recorded with backend:{settings.backend} (the driver's "
+                "stream-ordered pool), which this simulator does not model: the replay shows "
+                "PyTorch's native caching allocator instead")
+        fraction = settings.per_process_memory_fraction
+        if fraction < 1.0 and cap is None:
             raise CapacityError(
                 f"the trace was recorded with per_process_memory_fraction:{fraction}, a fraction "
                 "of the device; pass --cap with the device's memory (e.g. --cap 80GiB)"
