@@ -157,10 +157,7 @@ class EnginePool(RecorderPool):
         try:
             self._blocks.check(rc)
         except OutOfMemoryError as exc:
-            raise OutOfMemoryError(
-                f"graph pool on {self.device} is out of memory: {exc} Capture fewer or "
-                f"smaller graphs into this pool, or raise the limit (ACCEL_GRAPH_POOL_LIMIT)"
-            ) from exc
+            raise self._out_of_memory(exc) from exc
 
     def _drain(self) -> None:
         """Book the deaths of DLPack blocks (their memory is already back in the engine)."""
@@ -204,14 +201,8 @@ class EnginePool(RecorderPool):
             try:
                 addr = self.engine.malloc(max(nbytes, 1))
             except OutOfMemoryError as exc:
-                raise OutOfMemoryError(
-                    f"graph pool on {self.device} is out of memory: {exc} Capture fewer or "
-                    f"smaller graphs into this pool, or raise the limit (ACCEL_GRAPH_POOL_LIMIT)"
-                ) from exc
-            key = self._next_key
-            self._next_key += 1
-            for log in self._listeners:
-                log.append(("alloc", key, nbytes))
+                raise self._out_of_memory(exc) from exc
+            key = self._log_alloc(nbytes)
         arr = self._buffer(addr, max(nbytes, itemsize))
         base = torch.from_numpy(arr)
         weakref.finalize(arr, self._host_block_dead, addr, key, base.untyped_storage()._cdata)

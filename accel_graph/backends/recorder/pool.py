@@ -86,6 +86,23 @@ class RecorderPool:
         self._next_key = 0
 
     # -- allocation -----------------------------------------------------------------------
+    def _out_of_memory(self, exc: BaseException) -> OutOfMemoryError:
+        """The error for a request the pool's memory cannot serve (the cause chained by the
+        caller)."""
+        cause = str(exc).rstrip(".")
+        return OutOfMemoryError(
+            f"graph pool on {self.device} is out of memory: {cause}. Capture fewer or smaller "
+            "graphs into this pool, or raise the limit (ACCEL_GRAPH_POOL_LIMIT)"
+        )
+
+    def _log_alloc(self, nbytes: int) -> int:
+        """A new block key, logged to every listening capture (call with the lock held)."""
+        key = self._next_key
+        self._next_key += 1
+        for log in self._listeners:
+            log.append(("alloc", key, nbytes))
+        return key
+
     def allocate(self, shape, stride, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """A tensor with exactly this shape/stride/dtype over pool memory (contents undefined)."""
         itemsize = dtype.itemsize
@@ -94,10 +111,7 @@ class RecorderPool:
             try:
                 sidx, off, size, new = self.arena.alloc(nbytes)
             except MemoryError as exc:
-                raise OutOfMemoryError(
-                    f"graph pool on {self.device} is out of memory: {exc}. Capture fewer or "
-                    f"smaller graphs into this pool, or raise the limit (ACCEL_GRAPH_POOL_LIMIT)"
-                ) from exc
+                raise self._out_of_memory(exc) from exc
             if new:
                 try:
                     self._memory[sidx] = self._new_segment(self.arena.segments[sidx].size)
@@ -109,10 +123,7 @@ class RecorderPool:
                         f"{self.arena.segments.get(sidx).size if sidx in self.arena.segments else nbytes} "
                         f"bytes from the device: {exc}"
                     ) from exc
-            key = self._next_key
-            self._next_key += 1
-            for log in self._listeners:
-                log.append(("alloc", key, nbytes))
+            key = self._log_alloc(nbytes)
         if self._host:
             view = self._memory[sidx][off:off + size]
             base = torch.from_numpy(view)
