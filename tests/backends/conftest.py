@@ -3,32 +3,9 @@ never GPU verification) and a registry that is restored after every test."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
-from accel_graph.backends import register_backend, registered_backends, unregister_backend
-from accel_graph.backends.cuda import CudaBackend
-from accel_graph.backends.hip import HipBackend
-from accel_graph.backends.xpu import XpuBackend
-
 from .fakes import FakeCudaModule
-
-
-@pytest.fixture
-def native_registry(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Register the cuda/hip/xpu backends for one test; restore the registry afterwards (the
-    built-in table may already hold them: those entries come back as they were)."""
-    monkeypatch.delenv("ACCEL_GRAPH_BACKEND", raising=False)
-    before = registered_backends()
-    for cls in (CudaBackend, HipBackend, XpuBackend):
-        register_backend(cls)
-    yield
-    for name in registered_backends():
-        if name not in before:
-            unregister_backend(name)
-    for cls in before.values():
-        register_backend(cls)  # also drops instances that cached fake state
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,12 +19,8 @@ from accel_graph.backends import (
     probe_all,
     register_backend,
     registered_backends,
-    unregister_backend,
 )
 from accel_graph.backends.base import Backend
-from accel_graph.backends.cuda import CudaBackend
-from accel_graph.backends.hip import HipBackend
-from accel_graph.backends.xpu import XpuBackend
 from accel_graph.cli import doctor
 from accel_graph.cli.main import main
 
@@ -36,20 +31,11 @@ ALLOC_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF", "PYTORCH_ALLO
 
 
 @pytest.fixture
-def registry(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """A clean environment and the built-in registry, restored after the test (FAKE installs
-    leave cached backend instances behind otherwise)."""
+def registry(monkeypatch: pytest.MonkeyPatch, native_registry: None) -> None:
+    """A clean environment and the built-in registry with cuda/hip/xpu, restored after the test
+    (``native_registry``; FAKE installs leave cached backend instances behind otherwise)."""
     for name in (*ALLOC_VARS, "ACCEL_GRAPH_BACKEND", "ACCEL_GRAPH_POOL_LIMIT", "ACCEL_GRAPH_COMPILE"):
         monkeypatch.delenv(name, raising=False)
-    before = registered_backends()
-    for cls in (CudaBackend, HipBackend, XpuBackend):
-        register_backend(cls)
-    yield
-    for name in registered_backends():
-        if name not in before:
-            unregister_backend(name)
-    for cls in before.values():
-        register_backend(cls)
 
 
 def by_name(report: dict) -> dict[str, dict]:
