@@ -548,20 +548,20 @@ def inspect_trace(trace: Any, device: int = 0, top: int = 10) -> dict[str, Any]:
     advice = [{"component": c, "bytes": int(waste[c]), "advice": ADVICE[c].format(env=env)}
               for c in sorted((c for c in WASTE_COMPONENTS if waste[c] > 0),
                               key=lambda c: (-waste[c], WASTE_COMPONENTS.index(c)))]
-    if settings["expandable_segments"] and waste["free_in_live_segments"] > 0:
-        for a in advice:
-            if a["component"] == "free_in_live_segments":
-                a["advice"] = ("free gaps inside segments that hold live blocks, with "
-                               "expandable segments already on (page and alignment slack, blocks "
-                               "pinned between live ones): free in LIFO order, allocate "
-                               "long-lived tensors first, or reuse buffers in one arena")
+    # advice that depends on the trace: replaces the generic line of its component
+    specific: dict[str, str] = {}
+    if settings["expandable_segments"]:
+        specific["free_in_live_segments"] = (
+            "free gaps inside segments that hold live blocks, with expandable segments already "
+            "on (page and alignment slack, blocks pinned between live ones): free in LIFO "
+            "order, allocate long-lived tensors first, or reuse buffers in one arena")
     if profile == "npu":
-        for a in advice:
-            if a["component"] == "internal_rounding":
-                a["advice"] = ("rounding of requests to block sizes: torch_npu adds 32 bytes and "
-                               "rounds up to 512, so a request of a multiple of 512 bytes wastes "
-                               "512; size buffers as 512*k - 32 bytes, or pad to fewer, larger "
-                               "tensors")
+        specific["internal_rounding"] = (
+            "rounding of requests to block sizes: torch_npu adds 32 bytes and rounds up to 512, "
+            "so a request of a multiple of 512 bytes wastes 512; size buffers as 512*k - 32 "
+            "bytes, or pad to fewer, larger tensors")
+    for a in advice:
+        a["advice"] = specific.get(a["component"], a["advice"])
     peak_active = int(active.max())
     return {
         "schema": SCHEMA,
