@@ -27,11 +27,8 @@ device; :func:`apply_profile` says which engine settings that changes, with note
 
 from __future__ import annotations
 
-import copy
 import dataclasses
-import threading
-import weakref
-from collections import OrderedDict
+import functools
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -58,8 +55,7 @@ __all__ = [
     "ReplayResult",
     "apply_profile",
     "build_ops",
-    "build_ops_cached",
-    "clear_ops_cache",
+    "build_ops_reusing",
     "empty_cache_positions",
     "infer_empty_cache",
     "infer_pools",
@@ -600,100 +596,21 @@ def build_ops(trace: Any, device: int = 0, profile: Profile | str | None = None,
 
 
 # ------------------------------------------------------------------------------------------
-# memoised conversion (whatif.simulate / tune replay one trace under hundreds of configurations
-# whose conversions differ only in a few inputs)
-
-#: conversions kept per trace (least recently used dropped first)
-OPS_CACHE_SIZE = 8
+# reusing the conversion (a search replays one trace under hundreds of configurations whose
+# conversions differ only in a few inputs)
 
 
-def _immutable(a: np.ndarray) -> bool:
-    """Whether ``a``'s bytes can never change: read-only all the way down to a ``bytes`` object
-    (the arrays of a trace loaded from a compact file). A read-only array that owns its data, or
-    views a writeable buffer, can be written again, so it does not count."""
-    obj: Any = a
-    while isinstance(obj, np.ndarray):
-        if obj.flags.writeable:
-            return False
-        obj = obj.base
-    if isinstance(obj, memoryview):
-        if not obj.readonly:
-            return False
-        obj = obj.obj
-    return isinstance(obj, bytes)
+def build_ops_reusing(cache: dict[Any, dict[str, Any]], trace: Any, device: int = 0,
+                      profile: Profile | str | None = None, *, start_state: bool = True,
+                      expandable: bool | None = None, empty_cache: Any = None,
+                      round_extra: int | None = None) -> dict[str, Any]:
+    """:func:`build_ops` through ``cache``, a dict the caller owns for one trace that does not
+    change while the dict is in use (a tuning search): the same conversion is made once.
 
-
-class _EventsRecord:
-    """The events array a conversion was made from: the object (held, so its id cannot be
-    reused) and, unless its memory is immutable, a copy of its bytes to compare with."""
-
-    __slots__ = ("array", "saved")
-
-    def __init__(self, array: np.ndarray) -> None:
-        self.array = array
-        self.saved = None if _immutable(array) else array.tobytes()
-
-    def matches(self, array: np.ndarray) -> bool:
-        return array is self.array and (self.saved is None or array.tobytes() == self.saved)
-
-
-class _OpsMemo:
-    """One trace's conversions, with copies of every trace input they read."""
-
-    def __init__(self, trace: Any) -> None:
-        self.segments = copy.deepcopy(trace.segments)
-        self.stacks = copy.deepcopy(trace.stacks)
-        self.device_type = trace.device_type
-        self.events: dict[int, _EventsRecord] = {}
-        self.built: OrderedDict[tuple[Any, ...], dict[str, Any]] = OrderedDict()
-
-    def matches(self, trace: Any) -> bool:
-        try:
-            return bool(trace.device_type == self.device_type
-                        and trace.segments == self.segments and trace.stacks == self.stacks)
-        except Exception:  # noqa: BLE001 - uncomparable contents: never reuse
-            return False
-
-
-_OPS_MEMO: dict[int, _OpsMemo] = {}
-_OPS_MEMO_LOCK = threading.RLock()  # re-entrant: a finalizer may run inside
-
-
-def _forget(key: int) -> None:
-    with _OPS_MEMO_LOCK:
-        _OPS_MEMO.pop(key, None)
-
-
-def clear_ops_cache(trace: Any = None) -> None:
-    """Drop the memoised conversions of ``trace`` (all traces with None). Never needed for
-    correctness (:func:`build_ops_cached` checks its inputs); frees their memory."""
-    with _OPS_MEMO_LOCK:
-        if trace is None:
-            _OPS_MEMO.clear()
-        else:
-            _OPS_MEMO.pop(id(trace), None)
-
-
-def _freeze(built: dict[str, Any]) -> dict[str, Any]:
-    for k in ("prologue", "ops", "empty_cache_at"):
-        built[k].setflags(write=False)
-    return built
-
-
-def build_ops_cached(trace: Any, device: int = 0, profile: Profile | str | None = None,
-                     *, start_state: bool = True, expandable: bool | None = None,
-                     empty_cache: Any = None, round_extra: int | None = None) -> dict[str, Any]:
-    """:func:`build_ops`, memoised per trace: the same dict (a shallow copy; its arrays are
-    read-only and shared) for the same inputs.
-
-    The key is every input the conversion reads: ``device``, the resolved profile (which also
-    covers ``trace.device_type``), ``start_state``, ``expandable``, ``empty_cache`` (None,
-    False, or the positions' values) and the resolved ``round_extra``. Trace contents are
-    checked on every call, so a stale result cannot come back: the events array of ``device``
-    must be the same object and, unless its memory is immutable (a compact file's), hold the
-    same bytes (one ``tobytes`` comparison); ``segments``, ``stacks`` and ``device_type`` must
-    equal copies taken when the memo was made. Any difference drops the memo. The memo lives
-    as long as the trace (``weakref.finalize``), at most :data:`OPS_CACHE_SIZE` conversions.
+    The key is every input the conversion reads besides the trace: ``device``, the resolved
+    profile, ``start_state``, ``expandable``, ``empty_cache`` (None, False or the positions'
+    values) and the resolved ``round_extra``. The returned dict is shared; its arrays are
+    read-only.
     """
     prof = resolve_profile(profile, trace.device_type)
     if round_extra is None:
@@ -704,35 +621,14 @@ def build_ops_cached(trace: Any, device: int = 0, profile: Profile | str | None 
         pos = np.asarray(empty_cache, dtype=np.int64)
         ec_key = ("at", pos.shape, pos.tobytes())
     key = (device, prof, bool(start_state), expandable, ec_key, int(round_extra))
-    events = trace.events(device)
-    tid = id(trace)
-    with _OPS_MEMO_LOCK:
-        memo = _OPS_MEMO.get(tid)
-        if memo is not None and not memo.matches(trace):
-            memo = None
-        if memo is None:
-            memo = _OpsMemo(trace)
-            if tid not in _OPS_MEMO:
-                weakref.finalize(trace, _forget, tid)
-            _OPS_MEMO[tid] = memo
-        rec = memo.events.get(device)
-        if rec is None or not rec.matches(events):
-            memo.events[device] = _EventsRecord(events)
-            for k in [k for k in memo.built if k[0] == device]:
-                del memo.built[k]
-        hit = memo.built.get(key)
-        if hit is not None:
-            memo.built.move_to_end(key)
-            return dict(hit)
-    built = _freeze(build_ops(trace, device, prof, start_state=start_state,
-                              expandable=expandable, empty_cache=empty_cache,
-                              round_extra=round_extra))
-    with _OPS_MEMO_LOCK:
-        if _OPS_MEMO.get(tid) is memo:
-            memo.built[key] = built
-            while len(memo.built) > OPS_CACHE_SIZE:
-                memo.built.popitem(last=False)
-    return dict(built)
+    built = cache.get(key)
+    if built is None:
+        built = build_ops(trace, device, prof, start_state=start_state, expandable=expandable,
+                          empty_cache=empty_cache, round_extra=round_extra)
+        for k in ("prologue", "ops", "empty_cache_at"):
+            built[k].setflags(write=False)
+        cache[key] = built
+    return built
 
 
 def recorded_summary(trace: Any, device: int = 0) -> dict[str, Any]:
@@ -794,7 +690,7 @@ def replay_trace(trace: Any, settings: Any = None, *, policy: str | None = None,
                  device: int = 0, profile: Profile | str | None = None,
                  expandable: bool | None = None, empty_cache: Any = None,
                  keep_layout: bool = False, keep_events: bool = False,
-                 cache_ops: bool = False) -> ReplayResult:
+                 ops_cache: dict[Any, dict[str, Any]] | None = None) -> ReplayResult:
     """Replay one device's trace in the engine (one C call for the whole trace).
 
     ``settings``: an :class:`EngineSettings`, a parsed ``AllocatorSettings``, or None for the
@@ -808,8 +704,8 @@ def replay_trace(trace: Any, settings: Any = None, *, policy: str | None = None,
     ``empty_cache``: as in :func:`build_ops` (None: inferred from the trace).
     ``keep_events``: keep the engine events after the prologue and the start statistics
     (``result.events``, ``result.start_stats``; see :meth:`ReplayResult.curves`).
-    ``cache_ops``: convert with :func:`build_ops_cached` (reused across calls on this trace;
-    identical results) instead of :func:`build_ops`.
+    ``ops_cache``: a dict the caller keeps for this (unchanging) trace, to reuse the
+    conversion across calls (:func:`build_ops_reusing`; identical results).
     """
     import time
 
@@ -823,9 +719,10 @@ def replay_trace(trace: Any, settings: Any = None, *, policy: str | None = None,
     if expandable is not None and es.expandable_segments != expandable:
         es = replace(es, expandable_segments=expandable)
     es, pol, notes = apply_profile(es, prof, policy)
-    built = (build_ops_cached if cache_ops else build_ops)(
-        trace, device, prof, expandable=es.expandable_segments, empty_cache=empty_cache,
-        round_extra=es.round_extra)
+    convert: Any = (build_ops if ops_cache is None
+                    else functools.partial(build_ops_reusing, ops_cache))
+    built = convert(trace, device, prof, expandable=es.expandable_segments,
+                    empty_cache=empty_cache, round_extra=es.round_extra)
     pools = built["pools"]
     if pools:
         notes.append(f"{len(pools)} private pool(s) from the trace's pool ids "

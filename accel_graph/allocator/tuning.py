@@ -385,19 +385,21 @@ _WORKER: dict[str, Any] = {}
 
 
 def _evaluate_one(trace: Any, config: str | None, policy: str, profile: _profiles.Profile,
-                  cap: int | None, device: int) -> dict[str, Any]:
+                  cap: int | None, device: int,
+                  ops_cache: dict[Any, Any] | None = None) -> dict[str, Any]:
     sc = make_scenario(trace, config, policy=policy, profile=profile, cap=cap, device=device)
-    r = simulate(trace, sc, device=device)
+    r = simulate(trace, sc, device=device, ops_cache=ops_cache)
     return {**r.figures(), "notes": tuple(sc.notes) + tuple(r.notes)}
 
 
 def _worker_init(trace: Any, profile: _profiles.Profile, cap: int | None, device: int) -> None:
-    _WORKER.update(trace=trace, profile=profile, cap=cap, device=device)
+    _WORKER.update(trace=trace, profile=profile, cap=cap, device=device, ops={})
 
 
 def _worker_eval(job: tuple[str, str]) -> dict[str, Any]:
     w = _WORKER
-    return _evaluate_one(w["trace"], job[0], job[1], w["profile"], w["cap"], w["device"])
+    return _evaluate_one(w["trace"], job[0], job[1], w["profile"], w["cap"], w["device"],
+                         w["ops"])
 
 
 class _Evaluator:
@@ -406,6 +408,8 @@ class _Evaluator:
     def __init__(self, trace: Any, space: SearchSpace, device: int, jobs: int,
                  progress: Callable[[int, int], None] | None, total: int) -> None:
         self.trace, self.space, self.device = trace, space, device
+        #: one search, one unchanging trace: each distinct conversion is made once
+        self.ops_cache: dict[Any, Any] = {}
         self.progress, self.total, self.done = progress, total, 0
         self.pool = None
         if jobs > 1:
@@ -432,7 +436,7 @@ class _Evaluator:
         out = []
         for cfg, pol in jobs:
             out.append(_evaluate_one(self.trace, cfg, pol, self.space.profile, self.space.cap,
-                                     self.device))
+                                     self.device, self.ops_cache))
             self._tick()
         return out
 
@@ -598,7 +602,7 @@ def tune(trace: Any, *, objective: str = "peak", cap: int | None = None,
             # the recorded settings cannot be written as a config string for this profile:
             # simulate them as recorded; the defaults are searched like any candidate
             baseline = Candidate(config=None, policy=pol, stage="baseline", **_evaluate_one(
-                trace, None, pol, space.profile, cap, device))
+                trace, None, pol, space.profile, cap, device, ev.ops_cache))
             ev._tick()
         else:
             submit("baseline", [(rec.expandable_segments,
@@ -685,7 +689,7 @@ def tune(trace: Any, *, objective: str = "peak", cap: int | None = None,
         acc_base = baseline  # a recorded fraction needs the cap to have a size
     else:  # the validate comparison replays the recording as it ran: without a cap
         acc_base = Candidate(config=None, policy=pol, stage="validate", **_evaluate_one(
-            trace, None, pol, space.profile, None, device))
+            trace, None, pol, space.profile, None, device, ev.ops_cache))
     accuracy = _accuracy(acc_base, summary, base_cfg is not None)
     return TuneResult(
         profile=space.profile, policy=pol, objective=objective, cap=cap, device=device,

@@ -245,14 +245,14 @@ def engine_settings(scenario: Scenario, trace: Any, device: int | None = None) -
     return EngineSettings.from_allocator_settings(parsed, **overrides)
 
 
-def simulate(trace: Any, scenario: Scenario, *, device: int = 0,
-             keep_events: bool = False, cache_ops: bool = True) -> SimResult:
+def simulate(trace: Any, scenario: Scenario, *, device: int = 0, keep_events: bool = False,
+             ops_cache: dict[Any, Any] | None = None) -> SimResult:
     """Replay one device's events of ``trace`` under ``scenario`` (one C call).
 
-    ``cache_ops``: reuse the trace-to-ops conversion across calls on the same trace
-    (:func:`~accel_graph.allocator.replay.build_ops_cached`: keyed by every input it reads,
-    trace contents checked on each call; the results are identical either way). A search such
-    as :func:`~accel_graph.allocator.tuning.tune` makes only a few distinct conversions.
+    ``ops_cache``: a dict the caller keeps while simulating one unchanging trace under many
+    scenarios (as :func:`~accel_graph.allocator.tuning.tune` does): the trace-to-ops
+    conversion is then made once per distinct input
+    (:func:`~accel_graph.allocator.replay.build_ops_reusing`); results are identical.
     """
     from .replay import replay_trace
 
@@ -260,7 +260,7 @@ def simulate(trace: Any, scenario: Scenario, *, device: int = 0,
         raise UnsupportedTraceError(f"the trace has no events for device {device}")
     es = engine_settings(scenario, trace, device)
     r = replay_trace(trace, es, policy=scenario.policy, device=device, profile=scenario.profile,
-                     cache_ops=cache_ops, keep_events=keep_events)
+                     ops_cache=ops_cache, keep_events=keep_events)
     return SimResult(
         **r.figures(),
         scenario=scenario,
