@@ -47,6 +47,7 @@ __all__ = [
     "EVENT_DTYPE",
     "OP",
     "OP_DTYPE",
+    "POLICY_KEYS",
     "Engine",
     "EngineSettings",
     "allocation_size",
@@ -58,6 +59,19 @@ MIB = 1 << 20
 _U64_MAX = (1 << 64) - 1
 _INTERVALS = 16
 POLICIES = ("native", "xpu", "bfc")  # index = AG_POLICY_* in _core.h
+#: The allocator config keys each policy acts on; the others parse and change nothing (the C
+#: core: the max_split rules and the GC threshold are native-only, roundup divisions need the
+#: CUDA rounding, bfc honours only the memory limit; docs/allocator.md).
+POLICY_KEYS: dict[str, frozenset[str]] = {
+    "native": frozenset({
+        "max_split_size_mb", "max_non_split_rounding_mb", "roundup_power2_divisions",
+        "garbage_collection_threshold", "per_process_memory_fraction", "expandable_segments",
+        "large_segment_size_mb",
+    }),
+    "xpu": frozenset({"per_process_memory_fraction", "expandable_segments",
+                      "large_segment_size_mb"}),
+    "bfc": frozenset({"per_process_memory_fraction"}),
+}  # fmt: skip
 UPSTREAMS = ("host", "counting", "device")
 
 #: Opcodes of :meth:`Engine.replay` (``AG_OP_*`` in _core.h).

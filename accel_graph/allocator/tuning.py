@@ -44,7 +44,7 @@ import numpy as np
 from ..errors import ConfigError
 from . import profiles as _profiles
 from .config import AllocatorSettings, parse_config
-from .engine import POLICIES
+from .engine import POLICIES, POLICY_KEYS
 from .whatif import (
     CONFIG_DEVICE,
     CapacityError,
@@ -161,22 +161,31 @@ def build_space(trace: Any, profile: str | _profiles.Profile | None = None,
     prof = scenario_profile(trace, profile)
     pol = policy or prof.policy
     keys = prof.settings_keys
+    acts = POLICY_KEYS[pol]
     skipped: list[tuple[str, str]] = []
-    if prof.expandable_segments and "expandable_segments" in keys:
-        expandable: tuple[bool, ...] = (False, True)
-    else:
-        expandable = (False,)
+
+    def ignored_by_policy(key: str) -> bool:
+        if key in acts:
+            return False
+        skipped.append((key, f"the {pol} policy ignores it; it would change nothing"))
+        return True
+
+    if not (prof.expandable_segments and "expandable_segments" in keys):
+        expandable: tuple[bool, ...] = (False,)
         skipped.append(("expandable_segments",
                         f"profile {prof.name} has no expandable segments"
                         if not prof.expandable_segments else
                         f"profile {prof.name} does not honour expandable_segments"))
+    elif ignored_by_policy("expandable_segments"):
+        expandable = (False,)
+    else:
+        expandable = (False, True)
     knobs: dict[str, tuple[Any, ...]] = {}
     # max_split_size_mb (+ max_non_split_rounding_mb)
     if "max_split_size_mb" not in keys:
         skipped.append(("max_split_size_mb", f"profile {prof.name} does not honour it"))
-    elif pol == "xpu":
-        skipped.append(("max_split_size_mb", "the xpu allocator has no max_split_size rules "
-                        "(torch-internals.md section 4); it would change nothing"))
+    elif ignored_by_policy("max_split_size_mb"):
+        pass
     else:
         values = KNOB_VALUES["max_split"]
         if "max_non_split_rounding_mb" not in keys:
@@ -187,7 +196,9 @@ def build_space(trace: Any, profile: str | _profiles.Profile | None = None,
     # roundup_power2_divisions
     if "roundup_power2_divisions" not in keys:
         skipped.append(("roundup_power2_divisions", f"profile {prof.name} does not honour it"))
-    elif pol == "xpu" or prof.rounding == "xpu":
+    elif ignored_by_policy("roundup_power2_divisions"):
+        pass
+    elif prof.rounding == "xpu":
         skipped.append(("roundup_power2_divisions",
                         "the xpu allocator rounds to 512 bytes only; the divisions are not applied"))
     elif not prof.roundup_applied:
@@ -197,7 +208,8 @@ def build_space(trace: Any, profile: str | _profiles.Profile | None = None,
         knobs["roundup_power2_divisions"] = KNOB_VALUES["roundup_power2_divisions"]
     # large_segment_size_mb
     if "large_segment_size_mb" in keys:
-        knobs["large_segment_size_mb"] = KNOB_VALUES["large_segment_size_mb"]
+        if not ignored_by_policy("large_segment_size_mb"):
+            knobs["large_segment_size_mb"] = KNOB_VALUES["large_segment_size_mb"]
     else:
         skipped.append(("large_segment_size_mb", f"profile {prof.name} does not honour it "
                         f"(fixed at {prof.large_segment_size // MIB} MiB; configurable from "
@@ -212,7 +224,7 @@ def build_space(trace: Any, profile: str | _profiles.Profile | None = None,
                         f"profile {prof.name} has no per_process_memory_fraction config key "
                         "(torch 2.13+), and the threshold is inert without a fraction "
                         "(pytorch#106660)"))
-    else:
+    elif not ignored_by_policy("garbage_collection_threshold"):
         knobs["gc"] = KNOB_VALUES["gc"]
     return SearchSpace(prof, pol, CONFIG_DEVICE.get(prof.device, "cuda"), expandable, knobs,
                        tuple(skipped), cap)
@@ -672,9 +684,11 @@ def tune(trace: Any, *, objective: str = "peak", cap: int | None = None,
                                   if c is not None]
                                  + (["expandable_segments:True"] if True in space.expandable
                                     else []))
-            jobs_alt = [(c, ap) for c in cfgs][:3]
-            if ap == "bfc":  # BFC ignores every knob but the cap: one row says it all
-                jobs_alt = [("", ap)]
+            # configs that differ only in keys the policy ignores give the same row: keep one
+            acts = POLICY_KEYS[ap]
+            distinct = {frozenset(e for e in _entries(c) if e.split(":")[0] in acts): c
+                        for c in reversed(cfgs)}
+            jobs_alt = [(c, ap) for c in cfgs if c in distinct.values()][:3]
             for (cfg, _), m in zip(jobs_alt, ev.run(jobs_alt), strict=True):
                 alts.append(make(cfg, "policy", m, ap, None, None))
         if progress is not None:

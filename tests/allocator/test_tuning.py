@@ -207,3 +207,36 @@ def test_recorded_fraction_needs_a_cap():
         tune(t, budget=10)
     r = tune(t, budget=10, cap=4 << 30)
     assert "per_process_memory_fraction:0.9" in r.baseline_config
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_policy_keys_table_matches_the_engine(policy):
+    """engine.POLICY_KEYS says which knobs a policy acts on; every other knob must leave its
+    replay unchanged (checked on traces where each knob does matter under native)."""
+    from accel_graph.allocator.engine import POLICY_KEYS
+    from accel_graph.allocator.whatif import make_scenario, simulate
+
+    knob_values = {
+        "max_split_size_mb": "max_split_size_mb:32",
+        "max_non_split_rounding_mb": "max_split_size_mb:32,max_non_split_rounding_mb:1024",
+        "roundup_power2_divisions": "roundup_power2_divisions:4",
+        "expandable_segments": "expandable_segments:True",
+        "large_segment_size_mb": "large_segment_size_mb:64",
+        "garbage_collection_threshold":
+            "garbage_collection_threshold:0.6,per_process_memory_fraction:0.9",
+    }
+    for workload in ("frag", "shapes"):
+        trace = generate(workload, seed=0, steps=2)
+        cap = 4 << 30
+
+        def figures(config, pol, trace=trace, cap=cap):
+            sc = make_scenario(trace, config, policy=pol, cap=cap)
+            return simulate(trace, sc).figures()
+
+        base = figures("per_process_memory_fraction:0.9", policy)
+        for key, config in knob_values.items():
+            if key in POLICY_KEYS[policy]:
+                continue
+            with_fraction = config if "fraction" in config else (
+                config + ",per_process_memory_fraction:0.9")
+            assert figures(with_fraction, policy) == base, (policy, key, workload)

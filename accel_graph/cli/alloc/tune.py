@@ -136,6 +136,7 @@ def result_payload(result: Any, *, trace: str, device_type: str | None, top: int
     from ...allocator.advice import advise, env_assignment
     from ...allocator.config import parse_config
     from ...allocator.tuning import Candidate
+    from ...allocator.whatif import CONFIG_DEVICE
 
     base = result.baseline
     prof = result.profile
@@ -154,7 +155,7 @@ def result_payload(result: Any, *, trace: str, device_type: str | None, top: int
     shown = groups if top == 0 else groups[:top]
     rec = result.recommended
     cfg = rec.config or ""
-    settings = parse_config(cfg, {"rocm": "hip", "xpu": "xpu"}.get(prof.device, "cuda"))
+    settings = parse_config(cfg, CONFIG_DEVICE.get(prof.device, "cuda"))
     assign = env_assignment(cfg, prof)
     warnings = [a.to_json() for a in advise(settings, prof, environ=environ, uses=uses,
                                             private_pools=result.private_pools,
