@@ -25,6 +25,7 @@ from .config import AllocatorSettings, parse_config, settings_from_snapshot
 from .engine import POLICIES, EngineSettings
 from .replay import Figures
 from .trace import A_ALLOC
+from .units import fmt_bytes
 
 __all__ = [
     "CONFIG_DEVICE",
@@ -179,8 +180,8 @@ def make_scenario(trace: Any, config: str | None = None, *, policy: str | None =
         need = largest_request(trace, device)
         if cap < need:
             raise CapacityError(
-                f"--cap {_human(cap)} is smaller than the trace's largest allocation "
-                f"({_human(need)}); "
+                f"--cap {fmt_bytes(cap)} ({cap} bytes) is smaller than the trace's largest "
+                f"allocation ({fmt_bytes(need)}, {need} bytes); "
                 "no configuration can run this trace there: raise the cap"
             )
     return Scenario(canonical, settings, prof, pol, cap, tuple(notes))
@@ -272,13 +273,3 @@ def simulate(trace: Any, scenario: Scenario, *, device: int = 0, keep_events: bo
         notes=list(r.notes),
         replay=r,
     )
-
-
-def _human(n: int) -> str:
-    """``n`` bytes as ``"40.0 MiB (41943040 bytes)"`` for messages."""
-    v, unit = float(n), "B"
-    for u in ("KiB", "MiB", "GiB", "TiB"):
-        if v < 1024:
-            break
-        v, unit = v / 1024, u
-    return f"{n} bytes" if unit == "B" else f"{v:.1f} {unit} ({n} bytes)"

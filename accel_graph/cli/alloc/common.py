@@ -33,6 +33,8 @@ import sys
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from ...allocator.units import fmt_bytes
+
 __all__ = [
     "EXIT_BAD_CONFIG",
     "EXIT_BAD_TRACE",
@@ -112,20 +114,6 @@ def parse_size(text: str) -> int:
     if size >= 1 << 60:  # 1 EiB: no device is that large, and the engine counts in int64
         raise argparse.ArgumentTypeError(f"{text!r} is larger than any device (limit 1 EiB)")
     return size
-
-
-def fmt_bytes(n: float | int | None) -> str:
-    """Bytes as ``12.3 MiB`` (binary units); ``-`` for None."""
-    if n is None:
-        return "-"
-    v = float(n)
-    sign = "-" if v < 0 else ""
-    v = abs(v)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if v < 1024 or unit == "TiB":
-            return f"{sign}{v:.0f} {unit}" if unit == "B" else f"{sign}{v:.1f} {unit}"
-        v /= 1024
-    return f"{sign}{v:.1f} TiB"  # pragma: no cover
 
 
 def format_table(headers: Sequence[str], rows: Iterable[Sequence[Any]],

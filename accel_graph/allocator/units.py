@@ -1,0 +1,19 @@
+"""Byte counts for people: one formatter for messages, reports and tables."""
+
+from __future__ import annotations
+
+__all__ = ["fmt_bytes"]
+
+
+def fmt_bytes(n: float | int | None) -> str:
+    """Bytes as ``12.3 MiB`` (binary units); ``-`` for None."""
+    if n is None:
+        return "-"
+    v = float(n)
+    sign = "-" if v < 0 else ""
+    v = abs(v)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if v < 1024 or unit == "TiB":
+            return f"{sign}{v:.0f} {unit}" if unit == "B" else f"{sign}{v:.1f} {unit}"
+        v /= 1024
+    return f"{sign}{v:.1f} TiB"  # pragma: no cover
