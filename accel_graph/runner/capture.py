@@ -16,7 +16,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from ..errors import AccelGraphError, CaptureError, ConfigError, OutOfMemoryError
-from ..graph import Graph, graph, graph_pool_handle
+from ..frontend import Graph, graph, graph_pool_handle
 from .support import Bucket, broadcast_outputs, progress_bar, reason_of
 
 if TYPE_CHECKING:

@@ -19,7 +19,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from ..errors import AccelGraphError, ConfigError
-from ..graph import Graph
+from ..frontend import Graph
 from .buckets import default_ladder, validate_ladder
 from .capture import CaptureMixin
 from .inputs import InputSpec, broadcast, leaf_names

@@ -12,7 +12,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from ..errors import ConfigError
-from ..graph import Graph
+from ..frontend import Graph
 from .inputs import InputSpec
 
 __all__ = ["Bucket", "broadcast_outputs", "fits", "progress_bar", "reason_of"]

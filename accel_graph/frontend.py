@@ -1,4 +1,4 @@
-"""``accel_graph.Graph``: the capture/replay state machine, the same on every backend.
+"""``accel_graph.Graph``, the policy front end: one capture/replay state machine on every backend.
 
 The vocabulary is PyTorch's (``torch.cuda.CUDAGraph``, ``torch.accelerator.Graph``), so this
 class drops in where those were used. ``Graph`` owns the states and every misuse error; the
