@@ -13,7 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 __all__ = [
     "AccelGraphError",
+    "AllocatorStateError",
     "BackendUnavailable",
+    "CapacityError",
     "CaptureError",
     "ConfigError",
     "GraphStateError",
@@ -21,6 +23,7 @@ __all__ = [
     "PoolError",
     "ReplayError",
     "TraceFormatError",
+    "UnsupportedTraceError",
 ]
 
 
@@ -102,3 +105,18 @@ class TraceFormatError(AccelGraphError, ValueError):
     The message says what is wrong, where, and what to do. Raised before anything in the file
     is executed or trusted.
     """
+
+
+class UnsupportedTraceError(AccelGraphError, ValueError):
+    """A trace or request the allocator simulator cannot model (unknown profile or policy, a
+    device with no allocator model, no events)."""
+
+
+class CapacityError(AccelGraphError, ValueError):
+    """A device capacity that cannot hold the trace (``cap`` below the largest single
+    allocation)."""
+
+
+class AllocatorStateError(AccelGraphError):
+    """The allocator cannot be swapped in (or out) in the process's current state, for example
+    after the device runtime has initialised its own allocator."""

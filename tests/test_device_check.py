@@ -106,8 +106,8 @@ def test_child_protocol_records_the_exception(tmp_path: Path) -> None:
 def test_simulator_row_verdict_on_generated_recordings(tmp_path: Path) -> None:
     """The simulator row's comparison, on two generated recordings of one workload (the engine
     stands in for the device: a plumbing check of the verdict, not of GPU behaviour)."""
-    from accel_graph.allocator.generate import generate
-    from accel_graph.allocator.snapshot import save_trace
+    from accel_graph.allocator.sim.generate import generate
+    from accel_graph.allocator.traces.model import save_trace
 
     tool = load_tool()
     native, expandable = tmp_path / "n.pickle", tmp_path / "e.pickle"

@@ -169,7 +169,7 @@ def test_import_has_no_side_effects():
     code = (
         "import sys, accel_graph;"
         "bad=[m for m in sys.modules if m.startswith(('accel_graph.backends.cuda','accel_graph.backends.hip',"
-        "'accel_graph.backends.xpu','accel_graph.backends.recorder','accel_graph.allocator._core','intel_extension'))];"
+        "'accel_graph.backends.xpu','accel_graph.backends.recorder','accel_graph.allocator.core._core','intel_extension'))];"
         "print(bad); sys.exit(1 if bad else 0)"
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -2,7 +2,7 @@
 
 (a) ``tune`` over the default budget (256 configurations) of a ~20,000-event generated trace
     (``generate("shapes", seed=0, steps=12)``: 20,308 events, variable sequence lengths), timed
-    in-process (:func:`accel_graph.allocator.tuning.tune`, trace already loaded) and as a
+    in-process (:func:`accel_graph.allocator.tune.search.tune`, trace already loaded) and as a
     subprocess (``accel-alloc tune TRACE --json --no-progress``, load included), also with
     ``--jobs 2``. Target: < 30 s.
 (b) ``accel-alloc simulate`` of a 1,000,000-event trace in the compact format, as a subprocess
@@ -35,9 +35,9 @@ sys.path.insert(0, str(ROOT / "tools"))
 
 from bench_replay import hardware, synthetic_trace  # noqa: E402
 
-from accel_graph.allocator.generate import generate  # noqa: E402
-from accel_graph.allocator.snapshot import save_trace  # noqa: E402
-from accel_graph.allocator.tuning import DEFAULT_BUDGET, tune  # noqa: E402
+from accel_graph.allocator.sim.generate import generate  # noqa: E402
+from accel_graph.allocator.traces.model import save_trace  # noqa: E402
+from accel_graph.allocator.tune.search import DEFAULT_BUDGET, tune  # noqa: E402
 
 TUNE_WORKLOAD = {"workload": "shapes", "seed": 0, "steps": 12}
 

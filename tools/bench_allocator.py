@@ -45,7 +45,8 @@ from datetime import datetime, timezone
 
 import numpy as np
 
-from accel_graph.allocator.engine import OP, OP_DTYPE, Engine, EngineSettings
+from accel_graph.allocator.core.engine import OP, OP_DTYPE, Engine, EngineSettings
+from accel_graph.allocator.core.loader import load_core
 
 MIB = 1 << 20
 KIB = 1 << 10
@@ -216,7 +217,7 @@ def bench_pool_tensor_pair(n: int, capturing: bool = False) -> tuple[float, floa
 
 def bench_cffi_floor(n: int) -> tuple[float, float]:
     e = Engine("native", "counting")
-    lib, h = e._lib, e._e  # the raw cffi functions, deliberately bypassing the wrapper
+    lib, h = load_core().lib, e.c_handle  # the raw cffi functions, deliberately bypassing the wrapper
     m, f = lib.ag_malloc, lib.ag_free
     f(h, m(h, 4096, 0, 0))
 

@@ -10,8 +10,8 @@ cd "$root"
 venv="$root/.venv"
 stamp="$venv/.accel-graph-installed"
 # Reinstall only when something that shapes the install changed (idempotent and quick otherwise).
-want=$(cat pyproject.toml setup.py constraints/ci.txt accel_graph/allocator/_build.py \
-       accel_graph/allocator/*.c accel_graph/allocator/*.h 2>/dev/null | sha256sum | cut -d' ' -f1)
+want=$(cat pyproject.toml setup.py constraints/ci.txt accel_graph/allocator/core/_build.py \
+       accel_graph/allocator/core/*.c accel_graph/allocator/core/*.h 2>/dev/null | sha256sum | cut -d' ' -f1)
 if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv"
 fi

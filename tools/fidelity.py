@@ -12,7 +12,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from accel_graph.allocator.fidelity import fidelity_table, find_npu_traces, format_table  # noqa: E402
+from accel_graph.allocator.sim.fidelity import fidelity_table, find_npu_traces, format_table  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -384,7 +384,7 @@ def _xpu(probe: bool) -> dict[str, Any]:
 
 
 def _allocator(environ: Mapping[str, str], problems: list[str]) -> dict[str, Any]:
-    from ..allocator.config import CONFIG_VARIABLES, settings_from_environment
+    from ..allocator.alloc_conf import CONFIG_VARIABLES, settings_from_environment
 
     if getattr(torch.version, "hip", None):
         device = "hip"
@@ -431,10 +431,12 @@ def _plugin_status() -> dict[str, Any]:
         "core_built": False, "library": None, "abi_symbols": False, "control_symbols": False,
         "missing_symbols": [], "usable": False, "reason": None, "process_allocator": False,
     }  # fmt: skip
-    if importlib.util.find_spec("accel_graph.allocator._core") is None:
+    from ..allocator.core.loader import CORE_MODULE, load_core
+
+    if importlib.util.find_spec(CORE_MODULE) is None:
         out["reason"] = "the allocator core is not built (pip install --no-build-isolation -e .)"
         return out
-    from ..allocator import plugin
+    from ..allocator.core import plugin
 
     path, err = _safe(plugin.library_path)
     out["core_built"] = path is not None
@@ -442,7 +444,7 @@ def _plugin_status() -> dict[str, Any]:
     if err:
         out["reason"] = err
         return out
-    core = plugin._core()
+    core = load_core()
     lib = ctypes.CDLL(path)
     missing = [n for n in (plugin.ALLOC_SYMBOL, plugin.FREE_SYMBOL) if not hasattr(lib, n)]
     out["abi_symbols"] = not missing

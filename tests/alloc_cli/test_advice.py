@@ -1,4 +1,4 @@
-"""accel_graph.allocator.advice: the line to paste and the warnings (explicit environ, no I/O)."""
+"""accel_graph.allocator.tune.advice: the line to paste and the warnings (explicit environ, no I/O)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,9 @@ import shlex
 
 import pytest
 
-from accel_graph.allocator.advice import (
+from accel_graph.allocator.alloc_conf import CONFIG_VARIABLES, parse_config
+from accel_graph.allocator.sim.profiles import PROFILES
+from accel_graph.allocator.tune.advice import (
     USES,
     advise,
     env_assignment,
@@ -14,8 +16,6 @@ from accel_graph.allocator.advice import (
     es_conflict_warnings,
     parse_uses,
 )
-from accel_graph.allocator.config import CONFIG_VARIABLES, parse_config
-from accel_graph.allocator.profiles import PROFILES
 
 P213, P29, NPU, XPU, ROCM = (PROFILES[n] for n in ("cuda-2.13", "cuda-2.9", "npu", "xpu",
                                                    "rocm-2.13"))

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from accel_graph.allocator.replay import recorded_summary
-from accel_graph.allocator.snapshot import load_trace
-from accel_graph.allocator.whatif import make_scenario, simulate
+from accel_graph.allocator.sim.replayer import recorded_summary
+from accel_graph.allocator.sim.scenario import make_scenario, simulate
+from accel_graph.allocator.traces.model import load_trace
 from accel_graph.cli.alloc.diff import METRICS, RECORDED_METRICS
 
 ES = "expandable_segments:True"

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from accel_graph.allocator.generate import WORKLOADS, generate, trace_stats
-from accel_graph.allocator.snapshot import load_trace
+from accel_graph.allocator.sim.generate import WORKLOADS, generate, trace_stats
+from accel_graph.allocator.traces.model import load_trace
 from accel_graph.cli.alloc.generate import WORKLOAD_NAMES
 
 SMALL = ("--steps", "1", "--scale", "0.125", "--layers", "2")

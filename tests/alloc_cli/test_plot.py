@@ -1,4 +1,4 @@
-"""``accel-alloc plot`` and the timelines it draws (accel_graph.allocator.timeline)."""
+"""``accel-alloc plot`` and the timelines it draws (accel_graph.allocator.analysis.timeline)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from accel_graph.allocator.generate import generate
-from accel_graph.allocator.replay import recorded_summary
-from accel_graph.allocator.snapshot import load_trace
-from accel_graph.allocator.timeline import Timeline, recorded_timeline, simulated_timeline
-from accel_graph.allocator.whatif import make_scenario, simulate
+from accel_graph.allocator.analysis.timeline import Timeline, recorded_timeline, simulated_timeline
+from accel_graph.allocator.sim.generate import generate
+from accel_graph.allocator.sim.replayer import recorded_summary
+from accel_graph.allocator.sim.scenario import make_scenario, simulate
+from accel_graph.allocator.traces.model import load_trace
 from accel_graph.cli.alloc.common import fmt_bytes
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from accel_graph.allocator.config import parse_config
-from accel_graph.allocator.snapshot import load_trace
-from accel_graph.allocator.whatif import largest_request
+from accel_graph.allocator.alloc_conf import parse_config
+from accel_graph.allocator.sim.scenario import largest_request
+from accel_graph.allocator.traces.model import load_trace
 from accel_graph.cli.alloc.main import main
 from accel_graph.cli.alloc.validate import validate_payload
 
@@ -175,8 +175,8 @@ def test_npu_accuracy_matches_validate(cli, npu_dir):
 
 
 def test_private_pools_strengthen_the_es_warning(cli, tmp_path):
-    from accel_graph.allocator.generate import generate
-    from accel_graph.allocator.snapshot import save_trace
+    from accel_graph.allocator.sim.generate import generate
+    from accel_graph.allocator.traces.model import save_trace
 
     path = tmp_path / "serve.agtrace"  # CUDA-graph capture into a private pool
     save_trace(generate("serve", seed=0), path, format="compact")
@@ -190,8 +190,8 @@ def test_private_pools_strengthen_the_es_warning(cli, tmp_path):
 
 
 def test_floor_is_the_live_peak_and_below_every_candidate(frag_json):
-    from accel_graph.allocator.analysis import inspect_trace
-    from accel_graph.allocator.generate import generate
+    from accel_graph.allocator.analysis.inspect import inspect_trace
+    from accel_graph.allocator.sim.generate import generate
 
     fl = frag_json["floor"]
     assert fl["peak_requested"] == inspect_trace(generate("frag", seed=0))["peaks"]["requested"]

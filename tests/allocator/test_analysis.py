@@ -1,4 +1,4 @@
-"""accel_graph.allocator.analysis: peaks, the waste breakdown at the peak, sites, layouts."""
+"""accel_graph.allocator.analysis.inspect: peaks, the waste breakdown at the peak, sites, layouts."""
 
 from __future__ import annotations
 
@@ -8,18 +8,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from accel_graph.allocator.analysis import (
+from accel_graph.allocator.analysis.inspect import (
     SCHEMA,
     WASTE_COMPONENTS,
     inspect_trace,
     layout_at,
     top_user_frame,
 )
-from accel_graph.allocator.fidelity import find_npu_traces
-from accel_graph.allocator.replay import recorded_summary
-from accel_graph.allocator.snapshot import Trace, load_trace
-from accel_graph.allocator.snapshot_io import TRACE_DTYPE
-from accel_graph.allocator.trace import ACTION_CODE as C
+from accel_graph.allocator.sim.fidelity import find_npu_traces
+from accel_graph.allocator.sim.replayer import recorded_summary
+from accel_graph.allocator.traces.actions import ACTION_CODE as C
+from accel_graph.allocator.traces.model import Trace, load_trace
+from accel_graph.allocator.traces.torch_snapshot import TRACE_DTYPE
 
 MIB = 1 << 20
 A, B = 7, 9  # streams: A does most allocations

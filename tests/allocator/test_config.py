@@ -13,7 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from accel_graph.allocator.config import (
+from accel_graph.allocator.alloc_conf import (
     CORE_KEYS,
     MIB,
     AllocatorSettings,

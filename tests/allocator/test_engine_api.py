@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 from torch_stat_names import TORCH_STAT_NAMES
 
-from accel_graph.allocator.engine import (
+from accel_graph.allocator.core.engine import (
     EVENT_DTYPE,
     OP,
     OP_DTYPE,
     Engine,
     EngineSettings,
 )
-from accel_graph.allocator.trace import ACTION_CODE, ACTIONS
+from accel_graph.allocator.traces.actions import ACTION_CODE, ACTIONS
 from accel_graph.errors import (
     AccelGraphError,
     BackendUnavailable,
@@ -391,7 +391,7 @@ def test_device_upstream_through_a_fake_cuda_runtime(tmp_path, check_engine):
 
 
 def test_numpy_layouts_match_the_c_structs():
-    from accel_graph.allocator.engine import _core
+    from accel_graph.allocator.core.loader import load_core as _core
 
     ffi = _core().ffi
     assert EVENT_DTYPE.itemsize == ffi.sizeof("ag_event")
@@ -430,15 +430,15 @@ def test_threads_can_share_an_engine(check_engine):
 
 def test_importing_the_engine_loads_no_compiled_code():
     code = (
-        "import sys, accel_graph.allocator.engine as m; "
-        "assert 'accel_graph.allocator._core' not in sys.modules; "
-        "m.Engine(); assert 'accel_graph.allocator._core' in sys.modules"
+        "import sys, accel_graph.allocator.core.engine as m; "
+        "assert 'accel_graph.allocator.core._core' not in sys.modules; "
+        "m.Engine(); assert 'accel_graph.allocator.core._core' in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_a_missing_core_says_how_to_rebuild(monkeypatch):
-    from accel_graph.allocator import engine as mod
+    from accel_graph.allocator.core import loader as mod
 
     def refuse(name):
         raise ImportError(f"No module named {name!r}")

@@ -12,7 +12,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from accel_graph.allocator.engine import OP, OP_DTYPE, POLICIES, Engine, EngineSettings, round_size
+from accel_graph.allocator.core.engine import (
+    OP,
+    OP_DTYPE,
+    POLICIES,
+    Engine,
+    EngineSettings,
+    round_size,
+)
 from accel_graph.errors import OutOfMemoryError
 
 KIB = 1 << 10
@@ -500,13 +507,13 @@ def test_replay_matches_python_calls(check_engine):
 
 @pytest.fixture(scope="module")
 def frag_trace():
-    from accel_graph.allocator.generate import generate
+    from accel_graph.allocator.sim.generate import generate
 
     return generate("frag")
 
 
 def test_replay_trace_under_bfc(frag_trace):
-    from accel_graph.allocator.replay import replay_trace
+    from accel_graph.allocator.sim.replayer import replay_trace
 
     r = replay_trace(frag_trace, policy="bfc")
     assert r.ooms == 0 and r.device_mallocs > 0
@@ -523,7 +530,7 @@ def test_replay_trace_under_bfc(frag_trace):
 
 
 def test_replay_trace_under_bfc_with_a_cap_runs_out(frag_trace):
-    from accel_graph.allocator.replay import replay_trace
+    from accel_graph.allocator.sim.replayer import replay_trace
 
     free = replay_trace(frag_trace, policy="bfc")
     cap = free.peak_requested // 2

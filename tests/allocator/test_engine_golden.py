@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from accel_graph.allocator.engine import (
+from accel_graph.allocator.core.engine import (
     Engine,
     EngineSettings,
     allocation_size,

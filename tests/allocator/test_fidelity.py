@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from accel_graph.allocator.fidelity import TWINS, fidelity_table, find_npu_traces
-from accel_graph.allocator.replay import infer_start_state, recorded_summary, replay_trace
-from accel_graph.allocator.snapshot import load_trace
+from accel_graph.allocator.sim.fidelity import TWINS, fidelity_table, find_npu_traces
+from accel_graph.allocator.sim.replayer import infer_start_state, recorded_summary, replay_trace
+from accel_graph.allocator.traces.model import load_trace
 
 NPU = find_npu_traces(Path(__file__).resolve().parents[2])
 pytestmark = pytest.mark.skipif(
@@ -35,7 +35,7 @@ def test_start_state_of_the_twins():
 
 def test_npu_rounding_matches_final_blocks():
     t = load_trace(NPU / "snapshot_expandable.pkl")
-    from accel_graph.allocator.profiles import round_requests
+    from accel_graph.allocator.sim.profiles import round_requests
 
     for seg in t.segments:  # expandable: every block is split exactly to its rounded size
         for b in seg["blocks"]:

@@ -1,4 +1,4 @@
-"""The calibrated trace generator (accel_graph.allocator.generate).
+"""The calibrated trace generator (accel_graph.allocator.sim.generate).
 
 Calibration targets are allocator-semantics.md section 3.1's measured training-step statistics;
 tolerances are stated next to each check.
@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from accel_graph.allocator.generate import WORKLOADS, generate, trace_stats
-from accel_graph.allocator.snapshot import load_trace, save_trace
-from accel_graph.allocator.trace import ACTION_CODE
+from accel_graph.allocator.sim.generate import WORKLOADS, generate, trace_stats
+from accel_graph.allocator.traces.actions import ACTION_CODE
+from accel_graph.allocator.traces.model import load_trace, save_trace
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 

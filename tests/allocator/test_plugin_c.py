@@ -20,8 +20,9 @@ from typing import Any
 import pytest
 
 from accel_graph import AccelGraphError
-from accel_graph.allocator import plugin
-from accel_graph.allocator.engine import Engine, EngineSettings, _core
+from accel_graph.allocator.core import plugin
+from accel_graph.allocator.core.engine import Engine, EngineSettings
+from accel_graph.allocator.core.loader import load_core
 
 MIB = 1 << 20
 
@@ -117,7 +118,7 @@ def abi() -> ctypes.CDLL:
 
 @pytest.fixture
 def clib() -> Any:
-    return _core().lib
+    return load_core().lib
 
 
 def _device_engine(lib_path: str, **kw: Any) -> Engine:
@@ -128,8 +129,8 @@ def _device_engine(lib_path: str, **kw: Any) -> Engine:
 def installed(fake_rt: tuple[str, ctypes.CDLL], clib: Any) -> Iterator[Engine]:
     """A device-upstream engine installed on device 0; unbound and closed afterwards."""
     eng = _device_engine(fake_rt[0])
-    assert clib.ag_engine_set_threadsafe(eng._e, 1) == 0
-    assert clib.ag_pluggable_install(0, eng._e) == 0
+    assert clib.ag_engine_set_threadsafe(eng.c_handle, 1) == 0
+    assert clib.ag_pluggable_install(0, eng.c_handle) == 0
     yield eng
     fake_rt[1].fake_set_capturing(None)
     clib.ag_pluggable_uninstall(0)  # may refuse after a failed test; close() unbinds anyway
@@ -137,7 +138,7 @@ def installed(fake_rt: tuple[str, ctypes.CDLL], clib: Any) -> Iterator[Engine]:
 
 
 def _last_error(clib: Any, device: int) -> str:
-    ffi = _core().ffi
+    ffi = load_core().ffi
     p = clib.ag_pluggable_last_error(device)
     return "" if p == ffi.NULL else ffi.string(p).decode()
 
@@ -152,7 +153,7 @@ def test_core_exports_the_abi_and_control_symbols() -> None:
     lib = ctypes.CDLL(path)
     assert hasattr(lib, plugin.ALLOC_SYMBOL) and hasattr(lib, plugin.FREE_SYMBOL)
     assert plugin.check_library(path) == path
-    core = _core()
+    core = load_core()
     assert all(hasattr(core.lib, s) for s in plugin.CONTROL_SYMBOLS)
     assert plugin._control(core) is core.lib
 
@@ -255,7 +256,7 @@ def test_current_device_and_capture_mode_around_cudamalloc(
     path, rt = fake_rt
     eng = _device_engine(path)
     try:
-        assert clib.ag_pluggable_install(3, eng._e) == 0
+        assert clib.ag_pluggable_install(3, eng.c_handle) == 0
         assert rt.cudaSetDevice(1) == 0  # this thread's current device is 1
         before = _counter(rt, "n_set_device")
         p = abi.ag_pluggable_alloc(4096, 3, None)
@@ -306,20 +307,20 @@ def test_install_rules(installed: Engine, fake_rt: Any, clib: Any, abi: ctypes.C
     other = _device_engine(fake_rt[0])
     host = Engine(upstream="host")
     try:
-        assert clib.ag_pluggable_install(0, installed._e) == 0  # same engine again: fine
-        assert clib.ag_pluggable_install(0, other._e) == clib.AG_ERR_STATE
+        assert clib.ag_pluggable_install(0, installed.c_handle) == 0  # same engine again: fine
+        assert clib.ag_pluggable_install(0, other.c_handle) == clib.AG_ERR_STATE
         assert "already served" in _last_error_of(other)
-        assert clib.ag_pluggable_install(1, installed._e) == clib.AG_ERR_STATE  # one device each
-        assert clib.ag_pluggable_install(-1, other._e) == clib.AG_ERR_INVALID
-        assert clib.ag_pluggable_install(64, other._e) == clib.AG_ERR_INVALID
-        assert clib.ag_pluggable_install(1, host._e) == clib.AG_ERR_INVALID
+        assert clib.ag_pluggable_install(1, installed.c_handle) == clib.AG_ERR_STATE  # one device each
+        assert clib.ag_pluggable_install(-1, other.c_handle) == clib.AG_ERR_INVALID
+        assert clib.ag_pluggable_install(64, other.c_handle) == clib.AG_ERR_INVALID
+        assert clib.ag_pluggable_install(1, host.c_handle) == clib.AG_ERR_INVALID
         assert "device upstream" in _last_error_of(host)
         assert clib.ag_pluggable_uninstall(99) == clib.AG_ERR_INVALID
         assert clib.ag_pluggable_uninstall(1) == 0  # nothing bound: nothing to do
         assert clib.ag_pluggable_errors(-1) == clib.AG_ERR_INVALID
-        assert clib.ag_pluggable_last_error(64) == _core().ffi.NULL
-        assert clib.ag_engine_set_threadsafe(_core().ffi.NULL, 1) == clib.AG_ERR_INVALID
-        assert clib.ag_engine_set_threadsafe(other._e, 0) == 0
+        assert clib.ag_pluggable_last_error(64) == load_core().ffi.NULL
+        assert clib.ag_engine_set_threadsafe(load_core().ffi.NULL, 1) == clib.AG_ERR_INVALID
+        assert clib.ag_engine_set_threadsafe(other.c_handle, 0) == 0
     finally:
         other.close()
         host.close()
@@ -345,13 +346,13 @@ def test_uninstall_refused_while_blocks_live(
     assert abi.ag_pluggable_alloc(64, 0, None) is None  # unbound: refused and counted
     assert "no engine is installed" in _last_error(clib, 0)
     # a fresh install resets the device's counters
-    assert clib.ag_pluggable_install(0, installed._e) == 0
+    assert clib.ag_pluggable_install(0, installed.c_handle) == 0
     assert clib.ag_pluggable_errors(0) == 0 and _last_error(clib, 0) == ""
 
 
 def test_closing_a_bound_engine_unbinds_it(fake_rt: Any, abi: ctypes.CDLL, clib: Any) -> None:
     eng = _device_engine(fake_rt[0])
-    assert clib.ag_pluggable_install(2, eng._e) == 0
+    assert clib.ag_pluggable_install(2, eng.c_handle) == 0
     p = abi.ag_pluggable_alloc(4096, 2, None)
     assert p
     eng.close()  # destroys the engine (its segments go back) and clears the binding
@@ -359,7 +360,7 @@ def test_closing_a_bound_engine_unbinds_it(fake_rt: Any, abi: ctypes.CDLL, clib:
     assert clib.ag_pluggable_errors(2) == 1
     fresh = _device_engine(fake_rt[0])
     try:
-        assert clib.ag_pluggable_install(2, fresh._e) == 0
+        assert clib.ag_pluggable_install(2, fresh.c_handle) == 0
         assert clib.ag_pluggable_uninstall(2) == 0
     finally:
         fresh.close()

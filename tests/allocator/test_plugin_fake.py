@@ -25,8 +25,9 @@ import torch
 
 import accel_graph
 from accel_graph import BackendUnavailable, CaptureError, ConfigError
-from accel_graph.allocator import plugin
-from accel_graph.allocator.engine import EngineSettings, _core
+from accel_graph.allocator.core import plugin
+from accel_graph.allocator.core.engine import EngineSettings
+from accel_graph.allocator.core.loader import load_core
 from accel_graph.backends import register_backend, registered_backends, unregister_backend
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for backends.fakes
@@ -69,14 +70,14 @@ class FakeControlLib:
         return 0
 
     def ag_pluggable_last_error(self, device: int) -> Any:
-        return _core().ffi.NULL
+        return load_core().ffi.NULL
 
 
 class FakeCore:
     """FAKE core module: the real ffi and __file__, the FAKE control lib."""
 
     def __init__(self, path: str) -> None:
-        real = _core()
+        real = load_core()
         self.ffi = real.ffi
         self.lib = FakeControlLib(real.lib)
         self.__file__ = path
@@ -155,7 +156,7 @@ def fake_torch(monkeypatch: pytest.MonkeyPatch, abi_so: Path) -> FakeTorchCuda:
     """FAKE torch allocator pieces + FAKE C control functions; registry restored afterwards."""
     state = FakeTorchCuda()
     core = FakeCore(str(abi_so))
-    monkeypatch.setattr(plugin, "_core", lambda: core)
+    monkeypatch.setattr(plugin, "load_core", lambda: core)
     monkeypatch.setattr(torch.cuda.memory, "CUDAPluggableAllocator", FakePluggableAllocator)
     monkeypatch.setattr(torch.cuda.memory, "change_current_allocator", state.change_current_allocator)
     monkeypatch.setattr(torch.cuda, "MemPool", FakeMemPool, raising=False)
@@ -189,7 +190,7 @@ def make(**kw: Any) -> plugin.DeviceAllocator:
 # -- the library ---------------------------------------------------------------------------------
 def test_check_library_real_core_names_path_and_missing_symbols() -> None:
     path = plugin.library_path()
-    assert path == _core().__file__ and Path(path).exists()
+    assert path == load_core().__file__ and Path(path).exists()
     lib = ctypes.CDLL(path)
     if hasattr(lib, plugin.ALLOC_SYMBOL) and hasattr(lib, plugin.FREE_SYMBOL):
         assert plugin.check_library() == path  # the engine exports the ABI now
@@ -223,12 +224,12 @@ def test_check_library_names_each_missing_symbol(tmp_path: Path) -> None:
 
 
 def test_missing_control_functions_are_named(monkeypatch: pytest.MonkeyPatch, abi_so: Path) -> None:
-    real = _core()
+    real = load_core()
 
     class Bare:
         ffi, lib, __file__ = real.ffi, real.lib, str(abi_so)
 
-    monkeypatch.setattr(plugin, "_core", lambda: Bare)
+    monkeypatch.setattr(plugin, "load_core", lambda: Bare)
     if all(hasattr(real.lib, s) for s in plugin.CONTROL_SYMBOLS):
         pytest.skip("the core exports the control functions now")
     with pytest.raises(BackendUnavailable, match="ag_pluggable_install"):
@@ -270,7 +271,7 @@ def test_one_engine_per_device_bound_and_threadsafe(fake_torch: FakeTorchCuda) -
     lib = fake_torch.core.lib  # type: ignore[attr-defined]
     assert a.devices == (0, 1) and set(lib.bound) == {0, 1}
     assert len(lib.threadsafe) == 2
-    assert lib.bound[1] is a.engine(1)._e
+    assert lib.bound[1] is a.engine(1).c_handle
     with pytest.raises(ConfigError, match="serves devices 0, 1"):
         a.engine(5)
     a.close()

@@ -1,4 +1,4 @@
-"""Allocator profiles (accel_graph.allocator.profiles) and the Ascend NPU rounding rule,
+"""Allocator profiles (accel_graph.allocator.sim.profiles) and the Ascend NPU rounding rule,
 checked against the real NPU snapshots in shared/traces/npu/ (skipped when absent)."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from accel_graph.allocator.engine import EngineSettings, round_size
-from accel_graph.allocator.profiles import (
+from accel_graph.allocator.core.engine import EngineSettings, round_size
+from accel_graph.allocator.sim.profiles import (
     PROFILES,
     ROUNDING_RULES,
     Profile,
@@ -17,7 +17,7 @@ from accel_graph.allocator.profiles import (
     round_request,
     round_requests,
 )
-from accel_graph.allocator.snapshot import load_trace
+from accel_graph.allocator.traces.model import load_trace
 
 MIB = 1 << 20
 ROOT = Path(__file__).resolve().parents[2]

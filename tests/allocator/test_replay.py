@@ -1,4 +1,4 @@
-"""Whole-trace replay (accel_graph.allocator.replay): op arrays, start state, empty_cache."""
+"""Whole-trace replay (accel_graph.allocator.sim.replayer): op arrays, start state, empty_cache."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import random
 import numpy as np
 import pytest
 
-from accel_graph.allocator.engine import Engine, EngineSettings
-from accel_graph.allocator.replay import (
+from accel_graph.allocator.core.engine import Engine, EngineSettings
+from accel_graph.allocator.sim.replayer import (
     build_ops,
     infer_empty_cache,
     infer_pools,
@@ -16,8 +16,8 @@ from accel_graph.allocator.replay import (
     recorded_summary,
     replay_trace,
 )
-from accel_graph.allocator.snapshot import Trace, segments_from_layout
-from accel_graph.allocator.trace import ACTION_CODE
+from accel_graph.allocator.traces.actions import ACTION_CODE
+from accel_graph.allocator.traces.model import Trace, segments_from_layout
 
 MIB = 1 << 20
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from accel_graph.allocator.engine import Engine, EngineSettings, round_size
-from accel_graph.allocator.profiles import PROFILES, ROUNDING_RULES, round_requests
-from accel_graph.allocator.replay import apply_profile, replay_trace
-from accel_graph.allocator.snapshot import Trace, segments_from_layout
+from accel_graph.allocator.core.engine import Engine, EngineSettings, round_size
+from accel_graph.allocator.sim.profiles import PROFILES, ROUNDING_RULES, round_requests
+from accel_graph.allocator.sim.replayer import apply_profile, replay_trace
+from accel_graph.allocator.traces.model import Trace, segments_from_layout
 
 MIB = 1 << 20
 

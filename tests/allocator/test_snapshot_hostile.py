@@ -18,15 +18,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from accel_graph.allocator.safe_pickle import safe_loads
-from accel_graph.allocator.snapshot import (
+from accel_graph.allocator.traces.actions import ACTION_CODE as C
+from accel_graph.allocator.traces.model import (
     Trace,
     TraceFormatError,
     TraceLimits,
     load_trace,
     save_trace,
 )
-from accel_graph.allocator.trace import ACTION_CODE as C
+from accel_graph.allocator.traces.safe_pickle import safe_loads
 from accel_graph.errors import AccelGraphError
 
 MIB = 1 << 20
@@ -162,7 +162,7 @@ def test_compact_corruption_is_detected(tmp_path: Path) -> None:
 
 
 def test_compact_bad_values_are_refused_even_with_valid_crc(tmp_path: Path) -> None:
-    from accel_graph.allocator import compact
+    from accel_graph.allocator.traces import compact
 
     trace = small_trace()
     for field, value, fragment in [
@@ -179,7 +179,7 @@ def test_compact_bad_values_are_refused_even_with_valid_crc(tmp_path: Path) -> N
 def test_compact_header_lies_are_refused(tmp_path: Path) -> None:
     import zlib
 
-    from accel_graph.allocator import compact
+    from accel_graph.allocator.traces import compact
 
     header = json.dumps({"event_itemsize": 48, "event_counts": [10**12]}).encode()
     fixed = struct.pack("<8sIIQII", b"\x89AGTRACE", 1, len(header), 0, 0, zlib.crc32(header))

@@ -15,7 +15,7 @@ import threading
 import pytest
 import torch
 
-from accel_graph.allocator.engine import Engine, EngineSettings
+from accel_graph.allocator.core.engine import Engine, EngineSettings
 from accel_graph.errors import OutOfMemoryError
 
 F32 = (2, 32)  # DLPack kDLFloat, 32 bits
@@ -146,7 +146,7 @@ def test_blocks_handle_stays_valid_after_close_and_last_death():
     # dangling engine pointer shows up as a garbage count instead of passing by luck
     code = """
 import gc
-from accel_graph.allocator.engine import Engine
+from accel_graph.allocator.core.engine import Engine
 e = Engine("native", "host")
 b = e.tensor_blocks()
 t = b.make(1, 2, 32, (4,), (1,))

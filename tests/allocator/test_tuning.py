@@ -1,14 +1,15 @@
-"""accel_graph.allocator.tuning: the search space, the search, ranking and the Pareto front."""
+"""accel_graph.allocator.tune.search: the search space, the search, ranking and the Pareto front."""
 
 from __future__ import annotations
 
 import pytest
 
-from accel_graph.allocator.config import parse_config
-from accel_graph.allocator.engine import POLICIES
-from accel_graph.allocator.generate import generate
-from accel_graph.allocator.profiles import PROFILES
-from accel_graph.allocator.tuning import (
+from accel_graph.allocator.alloc_conf import parse_config
+from accel_graph.allocator.core.engine import POLICIES
+from accel_graph.allocator.sim.generate import generate
+from accel_graph.allocator.sim.profiles import PROFILES
+from accel_graph.allocator.sim.scenario import largest_request
+from accel_graph.allocator.tune.search import (
     MALLOCS_PEAK_SLACK,
     Candidate,
     build_space,
@@ -17,7 +18,7 @@ from accel_graph.allocator.tuning import (
     search_space,
     tune,
 )
-from accel_graph.allocator.whatif import CapacityError, UnsupportedTraceError, largest_request
+from accel_graph.errors import CapacityError, UnsupportedTraceError
 
 MIB = 1 << 20
 
@@ -213,8 +214,8 @@ def test_recorded_fraction_needs_a_cap():
 def test_policy_keys_table_matches_the_engine(policy):
     """engine.POLICY_KEYS says which knobs a policy acts on; every other knob must leave its
     replay unchanged (checked on traces where each knob does matter under native)."""
-    from accel_graph.allocator.engine import POLICY_KEYS
-    from accel_graph.allocator.whatif import make_scenario, simulate
+    from accel_graph.allocator.core.engine import POLICY_KEYS
+    from accel_graph.allocator.sim.scenario import make_scenario, simulate
 
     knob_values = {
         "max_split_size_mb": "max_split_size_mb:32",

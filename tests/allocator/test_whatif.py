@@ -10,12 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from accel_graph.allocator import replay as rp
-from accel_graph.allocator.fidelity import find_npu_traces
-from accel_graph.allocator.generate import generate
-from accel_graph.allocator.snapshot import load_trace
-from accel_graph.allocator.trace import A_ALLOC
-from accel_graph.allocator.whatif import make_scenario, simulate
+from accel_graph.allocator.sim import replayer as rp
+from accel_graph.allocator.sim.fidelity import find_npu_traces
+from accel_graph.allocator.sim.generate import generate
+from accel_graph.allocator.sim.scenario import make_scenario, simulate
+from accel_graph.allocator.traces.actions import A_ALLOC
+from accel_graph.allocator.traces.model import load_trace
 from accel_graph.errors import ConfigError
 
 NPU = find_npu_traces(Path(__file__).resolve().parents[2])
@@ -125,7 +125,7 @@ def test_without_a_cache_every_call_converts_afresh():
 
 
 def test_tune_converts_each_distinct_input_once(monkeypatch):
-    from accel_graph.allocator.tuning import tune
+    from accel_graph.allocator.tune.search import tune
 
     calls = []
     real = rp.build_ops

@@ -1,9 +1,9 @@
 """CPU graph pools on the allocator engine: the C caching allocator over host memory.
 
-Blocks come from :class:`accel_graph.allocator.engine.Engine` (``native`` policy, host
+Blocks come from :class:`accel_graph.allocator.core.engine.Engine` (``native`` policy, host
 upstream), so a graph's memory figures are the allocator's own statistics. Each block is a
 zero-copy tensor over the engine's memory that owns the block: it is made in one native call
-(:class:`~accel_graph.allocator.engine.TensorBlocks`, a DLPack tensor whose deleter frees the
+(:class:`~accel_graph.allocator.core.engine.TensorBlocks`, a DLPack tensor whose deleter frees the
 block in C, from whatever thread drops the last reference), so the block goes back to the
 engine exactly when the last tensor over it dies (and can be reused by the rest of the capture,
 or by later captures into the same pool). The pool learns of those deaths from a queue of keys
@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ...allocator.engine import OP, OP_DTYPE, Engine, EngineSettings
+from ...allocator.core.engine import OP, OP_DTYPE, Engine, EngineSettings
 from ...errors import OutOfMemoryError
 from ..base import PoolStats
 from .pool import PoolRef, RecorderPool, _storage_bytes
@@ -108,7 +108,6 @@ class EnginePool(RecorderPool):
     def __init__(self, device: torch.device, limit: int | None = None) -> None:
         super().__init__(device, limit)
         self.engine = Engine(policy="native", upstream="host", settings=EngineSettings(cap=limit))
-        self._ffi = self.engine._ffi
         self._segment_index: list[tuple[int, int]] = []
         self._segment_bases: dict[tuple[int, torch.dtype], torch.Tensor] = {}
         # key <-> storage id of each DLPack block not yet booked dead (deaths arrive as keys)
@@ -124,9 +123,7 @@ class EnginePool(RecorderPool):
         weakref.finalize(self, self.engine.close)
 
     def _buffer(self, addr: int, nbytes: int) -> np.ndarray:
-        return np.frombuffer(
-            self._ffi.buffer(self._ffi.cast("char *", addr), nbytes), dtype=np.uint8
-        )
+        return self.engine.host_view(addr, nbytes)
 
     def allocate(self, shape, stride, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         code = _DL_CODES[dtype] if self._blocks is not None else None

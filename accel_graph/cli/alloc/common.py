@@ -217,10 +217,10 @@ def config_text(value: str | None) -> str | None:
 
 def scenario_from_args(args: argparse.Namespace, trace: Any, config: Any = FROM_ARGS,
                        device: int = 0) -> Any:
-    """A :class:`~accel_graph.allocator.whatif.Scenario` from the shared options (``config``
+    """A :class:`~accel_graph.allocator.sim.scenario.Scenario` from the shared options (``config``
     overrides ``--config``; None or a word of :data:`RECORDED_WORDS` = as recorded), with every
     user error turned into a :class:`CliError` carrying the documented exit code."""
-    from ...allocator.whatif import make_scenario
+    from ...allocator.sim.scenario import make_scenario
 
     text = config_text(args.config if config is FROM_ARGS else config)
     return guarded(lambda: make_scenario(
@@ -229,8 +229,7 @@ def scenario_from_args(args: argparse.Namespace, trace: Any, config: Any = FROM_
 
 def guarded(fn: Any) -> Any:
     """Run ``fn()`` turning the library's user errors into :class:`CliError` exit codes."""
-    from ...allocator.whatif import CapacityError, UnsupportedTraceError
-    from ...errors import ConfigError, TraceFormatError
+    from ...errors import CapacityError, ConfigError, TraceFormatError, UnsupportedTraceError
 
     try:
         return fn()
@@ -250,9 +249,9 @@ def guarded(fn: Any) -> Any:
 
 def load_input(path: str, device_type: str | None = None) -> Any:
     """Load any supported trace file (format sniffed from the content) as a
-    :class:`~accel_graph.allocator.snapshot.Trace`. Unreadable or hostile files raise
+    :class:`~accel_graph.allocator.traces.model.Trace`. Unreadable or hostile files raise
     :class:`CliError` with :data:`EXIT_BAD_TRACE`."""
-    from ...allocator.snapshot import load_trace
+    from ...allocator.traces.model import load_trace
 
     if not os.path.exists(path):
         raise CliError(f"{path}: no such file", EXIT_BAD_TRACE)

@@ -1,6 +1,6 @@
 """``accel-alloc generate --workload NAME -o FILE``: a calibrated synthetic trace.
 
-The command-line face of :func:`accel_graph.allocator.generate.generate` (docs/trace-generator.md):
+The command-line face of :func:`accel_graph.allocator.sim.generate.generate` (docs/trace-generator.md):
 the workload's alloc/free program run through the C engine under ``--config`` (default: torch's
 defaults), written as a snapshot pickle (readable by ``python -m torch.cuda._memory_viz`` and
 pytorch.org/memory_viz), accel-graph JSON or the compact binary format. The format follows the
@@ -64,9 +64,9 @@ def output_format(path: str, given: str | None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ...allocator.config import parse_config
-    from ...allocator.generate import generate, trace_stats
-    from ...allocator.snapshot import save_trace
+    from ...allocator.alloc_conf import parse_config
+    from ...allocator.sim.generate import generate, trace_stats
+    from ...allocator.traces.model import save_trace
 
     if args.steps is not None and args.steps < 1:
         raise CliError("--steps must be >= 1", EXIT_USAGE)

@@ -9,7 +9,7 @@ allocation sites by bytes live at that moment.
 
 JSON (``--json``): schema ``accel-alloc/inspect/1``, documented field by field in
 docs/accel-alloc-inspect.md. The library behind it is
-:func:`accel_graph.allocator.analysis.inspect_trace`.
+:func:`accel_graph.allocator.analysis.inspect.inspect_trace`.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def choose_device(trace: Any, device: int | None) -> tuple[int, list[str]]:
     """The device to inspect and the notes to print. A file with segments but no events (the
     legacy list format) is inspected as the state it captured; a trace without any segment
     information (an RMM log) cannot be split into segments and is refused (exit 5)."""
-    from ...allocator.trace import ACTION_CODE
+    from ...allocator.traces.actions import ACTION_CODE
 
     if any(len(a) for a in trace.device_traces) or not trace.segments:
         device = pick_device(trace, device)
@@ -96,7 +96,7 @@ def choose_device(trace: Any, device: int | None) -> tuple[int, list[str]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ...allocator.analysis import inspect_trace
+    from ...allocator.analysis.inspect import inspect_trace
 
     trace = load_input(args.trace, args.device_type)
     device, notes = choose_device(trace, args.device)

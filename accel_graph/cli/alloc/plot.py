@@ -7,7 +7,7 @@ recorded curves in black (``--no-recorded`` drops them); a marker at each curve'
 whose value is in the legend. ``--config recorded`` names the recorded settings, so
 ``--config recorded --config expandable_segments:True`` compares the two. The x axis is the
 position in the trace's alloc/free sequence, so every config of one trace lines up
-(:mod:`accel_graph.allocator.timeline`).
+(:mod:`accel_graph.allocator.analysis.timeline`).
 
 Output by extension: ``.png``, ``.svg``, or ``.html`` (a self-contained page: the figure as
 inline SVG plus a table of the peaks; no external resources). matplotlib is optional
@@ -89,8 +89,8 @@ def import_matplotlib() -> Any:
 
 def build_series(trace: Any, args: argparse.Namespace, device: int) -> list[dict[str, Any]]:
     """One entry per simulated config (and the recording): the timeline and its summary."""
-    from ...allocator.timeline import recorded_timeline, simulated_timeline
-    from ...allocator.whatif import make_scenario, simulate
+    from ...allocator.analysis.timeline import recorded_timeline, simulated_timeline
+    from ...allocator.sim.scenario import make_scenario, simulate
 
     series: list[dict[str, Any]] = []
     for cfg in args.config or [None]:
@@ -110,7 +110,7 @@ def build_series(trace: Any, args: argparse.Namespace, device: int) -> list[dict
             "notes": list(sc.notes) + list(sim.notes),
         })
     if args.recorded:
-        from ...allocator.replay import recorded_summary
+        from ...allocator.sim.replayer import recorded_summary
 
         tl = recorded_timeline(trace, device)
         rec = recorded_summary(trace, device)

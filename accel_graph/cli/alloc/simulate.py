@@ -39,7 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def profiles_listing() -> tuple[list[dict[str, Any]], str]:
-    from ...allocator.profiles import PROFILES
+    from ...allocator.sim.profiles import PROFILES
 
     rows = []
     for p in PROFILES.values():
@@ -54,8 +54,8 @@ def profiles_listing() -> tuple[list[dict[str, Any]], str]:
 
 
 def simulate_payload(trace: Any, args: argparse.Namespace, device: int) -> dict[str, Any]:
-    from ...allocator.replay import recorded_summary
-    from ...allocator.whatif import simulate
+    from ...allocator.sim.replayer import recorded_summary
+    from ...allocator.sim.scenario import simulate
 
     scenario = scenario_from_args(args, trace, device=device)
     result = guarded(lambda: simulate(trace, scenario, device=device))

@@ -1,9 +1,9 @@
 """``accel-alloc tune TRACE``: search allocator settings for a trace, recommend one.
 
 Evaluates a structured sample (default 256) of the ``PYTORCH_ALLOC_CONF`` grid the profile
-honours (:mod:`accel_graph.allocator.tuning`), ranks it by ``--objective``, prints the ranked
+honours (:mod:`accel_graph.allocator.tune.search`), ranks it by ``--objective``, prints the ranked
 table, the Pareto front of peak reserved vs device calls, the recommendation with the line to
-paste and the warnings that apply (:mod:`accel_graph.allocator.advice`), and the accuracy to
+paste and the warnings that apply (:mod:`accel_graph.allocator.tune.advice`), and the accuracy to
 expect (the ``validate`` comparison). ``--json``: schema ``accel-alloc/tune/1``, documented
 field by field in docs/accel-alloc-tune.md.
 """
@@ -33,7 +33,7 @@ from .common import (
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ...allocator.tuning import DEFAULT_BUDGET, OBJECTIVES
+    from ...allocator.tune.search import DEFAULT_BUDGET, OBJECTIVES
 
     add_trace_options(parser)
     parser.add_argument("--objective", choices=OBJECTIVES, default="peak",
@@ -82,7 +82,7 @@ class _Bar:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ...allocator.advice import parse_uses
+    from ...allocator.tune.advice import parse_uses
 
     if args.budget < 2:
         raise CliError(f"--budget must be at least 2, got {args.budget}", EXIT_USAGE)
@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
 
 def tune_payload(trace: Any, args: argparse.Namespace, device: int, uses: tuple[str, ...],
                  environ: Any = None, progress: bool = False) -> dict[str, Any]:
-    from ...allocator.tuning import tune
+    from ...allocator.tune.search import tune
 
     bar = _Bar(progress)
     try:
@@ -122,7 +122,7 @@ def tune_payload(trace: Any, args: argparse.Namespace, device: int, uses: tuple[
 def _floor(trace: Any, device: int, recommended_peak: int) -> dict[str, Any]:
     """The lower bound no allocator can beat: the peak of bytes live at once (requested sizes,
     start state included), and how far the recommendation is above it."""
-    from ...allocator.whatif import make_scenario, simulate
+    from ...allocator.sim.scenario import make_scenario, simulate
 
     live = int(simulate(trace, make_scenario(trace, "", device=device), device=device)
                .replay.peak_requested)
@@ -132,11 +132,11 @@ def _floor(trace: Any, device: int, recommended_peak: int) -> dict[str, Any]:
 
 def result_payload(result: Any, *, trace: str, device_type: str | None, top: int = 10,
                    uses: tuple[str, ...] = (), environ: Any = None) -> dict[str, Any]:
-    """The ``accel-alloc/tune/1`` document for a :class:`~accel_graph.allocator.tuning.TuneResult`."""
-    from ...allocator.advice import advise, env_assignment
-    from ...allocator.config import parse_config
-    from ...allocator.tuning import Candidate
-    from ...allocator.whatif import CONFIG_DEVICE
+    """The ``accel-alloc/tune/1`` document for a :class:`~accel_graph.allocator.tune.search.TuneResult`."""
+    from ...allocator.alloc_conf import parse_config
+    from ...allocator.sim.scenario import CONFIG_DEVICE
+    from ...allocator.tune.advice import advise, env_assignment
+    from ...allocator.tune.search import Candidate
 
     base = result.baseline
     prof = result.profile

@@ -44,7 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _segment_sizes(trace: Any, device: int, replayed: np.ndarray) -> dict[str, Any]:
-    from ...allocator.trace import ACTION_CODE
+    from ...allocator.traces.actions import ACTION_CODE
 
     codes = (ACTION_CODE["segment_alloc"], ACTION_CODE["segment_map"])
     ev = trace.events(device)
@@ -64,8 +64,8 @@ def _segment_sizes(trace: Any, device: int, replayed: np.ndarray) -> dict[str, A
 
 def validate_payload(trace: Any, device: int, profile: str | None,
                      cap: int | None = None) -> dict[str, Any]:
-    from ...allocator.replay import recorded_summary
-    from ...allocator.whatif import make_scenario, simulate
+    from ...allocator.sim.replayer import recorded_summary
+    from ...allocator.sim.scenario import make_scenario, simulate
 
     scenario = guarded(lambda: make_scenario(trace, None, profile=profile, cap=cap,
                                              device=device))
@@ -83,7 +83,7 @@ def validate_payload(trace: Any, device: int, profile: str | None,
     # a log without segment events (RMM CSV) records no reserved memory: nothing to compare
     comparable = any(rec[k] for k in _COUNTS) or bool(rec["start_reserved"])
     notes = list(sim["notes"])
-    from ...allocator.whatif import recorded_settings
+    from ...allocator.sim.scenario import recorded_settings
 
     backend = recorded_settings(trace, device).backend
     if backend != "native":  # the recording is not of the allocator that was replayed

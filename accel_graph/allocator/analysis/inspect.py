@@ -1,7 +1,7 @@
 """What a recorded allocator trace did: peaks, utilisation, the waste at the peak and its causes.
 
 :func:`inspect_trace` is the library behind ``accel-alloc inspect``. It reads one device's events
-of a :class:`~accel_graph.allocator.snapshot.Trace` (no replay, no C engine) and answers:
+of a :class:`~accel_graph.allocator.traces.model.Trace` (no replay, no C engine) and answers:
 
 - what was recorded: device type, allocator settings (or that none were), events by action,
   streams, timestamps, whether the recording began mid-run;
@@ -18,7 +18,7 @@ Definitions (see docs/accel-alloc-inspect.md for the field-by-field contract):
 - *requested*: sum of the requested sizes of live allocations (up at ``alloc``, down at
   ``free_requested``, like torch's ``requested_bytes``);
 - *allocated*: the same in block bytes (requests rounded by the device's rule, see
-  :func:`~accel_graph.allocator.profiles.round_requests`; blocks still live at the end take their
+  :func:`~accel_graph.allocator.sim.profiles.round_requests`; blocks still live at the end take their
   recorded size from the final segments);
 - *active*: allocated plus blocks freed but not yet reusable (up at ``alloc``, down at
   ``free_completed``);
@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from .trace import (
+from ..traces.actions import (
     A_ALLOC,
     A_FREE,
     A_FREE_REQ,
@@ -364,14 +364,14 @@ class _SegmentWalk:
 def _block_sizes(trace: Any, sizes: np.ndarray) -> tuple[np.ndarray, str]:
     """Block sizes of requests under the trace's device rounding rule (and recorded
     roundup_power2_divisions), plus the profile name used."""
-    from .profiles import resolve_profile, round_requests
+    from ..sim.profiles import resolve_profile, round_requests
 
     prof = resolve_profile(None, trace.device_type)
     sizes = np.maximum(np.asarray(sizes, np.int64), 1)
     divisions = None
     if trace.allocator_settings:
         try:
-            from .config import settings_from_snapshot
+            from ..alloc_conf import settings_from_snapshot
 
             dev = {"rocm": "hip", "xpu": "xpu"}.get(trace.device_type or "cuda", "cuda")
             s = settings_from_snapshot(trace.allocator_settings, dev)
@@ -470,7 +470,7 @@ def inspect_trace(trace: Any, device: int = 0, top: int = 10) -> dict[str, Any]:
 
     Contract:
 
-    - ``trace`` is a :class:`~accel_graph.allocator.snapshot.Trace`; ``device`` its device index
+    - ``trace`` is a :class:`~accel_graph.allocator.traces.model.Trace`; ``device`` its device index
       (a device without events gives a report of the start state); ``top`` (>= 0) the number of
       allocation sites to list.
     - Peaks are exact for the recorded events plus the reconstructed start state.

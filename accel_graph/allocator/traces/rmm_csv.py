@@ -25,9 +25,9 @@ import re
 
 import numpy as np
 
-from ..errors import TraceFormatError
-from .snapshot_io import NO_FRAMES, NO_TIME, TRACE_DTYPE, TraceLimits
-from .trace import ACTION_CODE
+from ...errors import TraceFormatError
+from .actions import ACTION_CODE
+from .torch_snapshot import NO_FRAMES, NO_TIME, TRACE_DTYPE, TraceLimits
 
 __all__ = ["is_rmm_csv", "read_rmm_csv"]
 

@@ -2203,7 +2203,7 @@ LOCKED(int, replay, (ag_engine *e, const ag_op *ops, int64_t n, uint64_t *slots,
 
 /* ------------------------------------------------------------------------------------------ */
 /* tensor blocks: memory owned by a tensor whose death frees it from any thread, without the   */
-/* GIL (the DLPack deleter of accel_graph/allocator/_dlpack.c calls ag_tensor_release)          */
+/* GIL (the DLPack deleter of accel_graph/allocator/core/_dlpack.c calls ag_tensor_release)          */
 
 int64_t ag_tensor_alloc(ag_engine *e, int64_t size) {
     LOCK(e);

@@ -1,6 +1,6 @@
 """cffi build script for the allocator's C core (API mode).
 
-setup.py names ``accel_graph/allocator/_build.py:ffibuilder`` in ``cffi_modules``, so the core is
+setup.py names ``accel_graph/allocator/core/_build.py:ffibuilder`` in ``cffi_modules``, so the core is
 compiled when the package is installed (``pip install -e .``), never at import. The cdef is the
 part of ``_core.h`` between the ``CDEF BEGIN``/``CDEF END`` markers, so the C header stays the one
 place the API is declared.
@@ -25,7 +25,7 @@ def _cdef_text() -> str:
 ffibuilder = FFI()
 ffibuilder.cdef(_cdef_text())
 ffibuilder.set_source(
-    "accel_graph.allocator._core",
+    "accel_graph.allocator.core._core",
     # The whole core is one translation unit: the extension compiles _core.c's text directly.
     (_HERE / "_core.c").read_text(),
     include_dirs=[str(_HERE)],

@@ -14,7 +14,7 @@ Two routes, as torch offers them (torch-internals §3):
   torch's own ``memory_stats``/``memory_allocated`` raise after such a swap; ours stay available
   (:meth:`DeviceAllocator.memory_stats`, :meth:`DeviceAllocator.snapshot`, :func:`memory_stats`).
 
-The C side is the cffi-built core (``accel_graph.allocator._core``); torch loads that same shared
+The C side is the cffi-built core (``accel_graph.allocator.core._core``); torch loads that same shared
 object with ``ctypes.CDLL`` and looks up two exported symbols with the exact ABI of
 ``CUDAPluggableAllocator``::
 
@@ -43,10 +43,16 @@ from typing import Any
 
 import torch
 
-from ..errors import AccelGraphError, BackendUnavailable, CaptureError, ConfigError
-from .config import AllocatorSettings, parse_config, settings_from_environment
-from .engine import Engine, EngineSettings, _check, _core
-from .trace import ACTIONS
+from ...errors import (
+    AllocatorStateError,
+    BackendUnavailable,
+    CaptureError,
+    ConfigError,
+)
+from ..alloc_conf import AllocatorSettings, parse_config, settings_from_environment
+from ..traces.actions import ACTIONS
+from .engine import Engine, EngineSettings, check_status
+from .loader import CORE_MODULE, load_core
 
 __all__ = [
     "ALLOC_SYMBOL",
@@ -83,17 +89,13 @@ _REBUILD = (
 )
 
 
-class AllocatorStateError(AccelGraphError):
-    """The allocator cannot be swapped (or unswapped) in the process's current state."""
-
-
 # ----------------------------------------------------------------------------------------------
 # the shared library
 
 
 def library_path() -> str:
     """Path of the compiled core (cffi's extension module), the ``.so`` torch will load."""
-    core = _core()
+    core = load_core()
     path = getattr(core, "__file__", None)
     if not path:
         raise BackendUnavailable(
@@ -113,7 +115,7 @@ def check_library(path: str | None = None) -> str:
     if not os.path.exists(path):
         raise BackendUnavailable(
             f"allocator library {path!r} does not exist; pass the path of a built "
-            f"accel_graph.allocator._core shared object, or omit it to use the installed one"
+            f"{CORE_MODULE} shared object, or omit it to use the installed one"
         )
     try:
         lib = ctypes.CDLL(path)
@@ -143,7 +145,7 @@ def _control(core: Any) -> Any:
     missing = [s for s in CONTROL_SYMBOLS if not hasattr(lib, s)]
     if missing:
         raise BackendUnavailable(
-            f"the allocator core ({getattr(core, '__file__', 'accel_graph.allocator._core')}) "
+            f"the allocator core ({getattr(core, '__file__', CORE_MODULE)}) "
             f"lacks the plug-in control functions {', '.join(missing)}; {_REBUILD}"
         )
     return lib
@@ -227,8 +229,8 @@ class DeviceAllocator:
 
     Args:
         settings: ``None`` (the allocator variables in effect, as torch reads them), a config
-            string, :class:`~accel_graph.allocator.config.AllocatorSettings` or
-            :class:`~accel_graph.allocator.engine.EngineSettings`.
+            string, :class:`~accel_graph.allocator.alloc_conf.AllocatorSettings` or
+            :class:`~accel_graph.allocator.core.engine.EngineSettings`.
         policy: the engine policy (``"native"``: PyTorch's caching allocator, modelled).
         devices: device indices to serve (default: every visible device; counting them does
             not initialise CUDA).
@@ -253,7 +255,7 @@ class DeviceAllocator:
         self.kind = _device_kind()
         self.settings = _engine_settings(settings, self.kind)
         self.library = check_library(None if library is None else os.fspath(library))
-        core = _core()
+        core = load_core()
         if library is not None and not _same_file(self.library, library_path()):
             raise ConfigError(
                 f"library={self.library!r} is not the allocator core this process imported "
@@ -279,15 +281,15 @@ class DeviceAllocator:
                     policy, upstream, self.settings,
                     device_name="HIP" if self.kind == "hip" else "CUDA", device_index=d,
                 )  # fmt: skip
-                _check(self._lib.ag_engine_set_threadsafe(eng._e, 1), eng)
-                rc = self._lib.ag_pluggable_install(d, eng._e)
+                check_status(self._lib.ag_engine_set_threadsafe(eng.c_handle, 1), eng)
+                rc = self._lib.ag_pluggable_install(d, eng.c_handle)
                 if rc == self._lib.AG_ERR_STATE:
                     eng.close()
                     raise AllocatorStateError(
                         f"{self.kind}:{d} is already served by another DeviceAllocator (one per "
                         f"device per process); reuse that one, or close() it first"
                     )
-                _check(rc, eng)
+                check_status(rc, eng)
                 self.engines[d] = eng
         except BaseException:
             self._unbind()
@@ -416,7 +418,7 @@ class DeviceAllocator:
                 "back, so it lives until the process exits"
             )
         for d, eng in list(self.engines.items()):
-            _check(self._lib.ag_pluggable_uninstall(d), eng)
+            check_status(self._lib.ag_pluggable_uninstall(d), eng)
             eng.close()
             del self.engines[d]
         if self in _live:
@@ -468,7 +470,7 @@ def install_process_allocator(allocator: DeviceAllocator | None = None, **kwargs
                 return _process
             raise AllocatorStateError(
                 "a DeviceAllocator is already the whole-process allocator and torch cannot swap "
-                "it again; use accel_graph.allocator.plugin.process_allocator() to reach it"
+                "it again; use accel_graph.allocator.core.plugin.process_allocator() to reach it"
             )
         mem = _cuda_memory()
         if _cuda_initialized():
@@ -492,7 +494,7 @@ def _too_late(why: str) -> str:
     return (
         f"cannot make the accel-graph allocator the whole-process CUDA allocator: {why}, and "
         f"torch can swap its allocator only before that. Call "
-        f"accel_graph.allocator.plugin.install_process_allocator() first thing in the process, "
+        f"accel_graph.allocator.core.plugin.install_process_allocator() first thing in the process, "
         f"before any CUDA tensor, torch.cuda.init() or import that touches CUDA; or keep torch's "
         f"allocator and use DeviceAllocator().mem_pool() with torch.cuda.use_mem_pool(), which "
         f"works at any time and also supports graph capture"

@@ -2,9 +2,9 @@
 
 The library side of ``accel-alloc simulate``/``tune``/``diff``/``plot``. A :class:`Scenario` is
 a config string (PyTorch's ``PYTORCH_ALLOC_CONF`` grammar, parsed exactly as torch 2.13 does),
-a profile (torch version x device, :mod:`accel_graph.allocator.profiles`), an engine policy and
+a profile (torch version x device, :mod:`accel_graph.allocator.sim.profiles`), an engine policy and
 an optional device capacity. :func:`simulate` replays the trace under it with
-:func:`~accel_graph.allocator.replay.replay_trace` (one C call for the whole trace) and returns a
+:func:`~accel_graph.allocator.sim.replayer.replay_trace` (one C call for the whole trace) and returns a
 :class:`SimResult` whose :meth:`SimResult.to_json` is the stable JSON schema of
 docs/accel-alloc.md.
 
@@ -19,13 +19,13 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import AccelGraphError
+from ...errors import CapacityError, UnsupportedTraceError
+from ..alloc_conf import AllocatorSettings, parse_config, settings_from_snapshot
+from ..core.engine import POLICIES, EngineSettings
+from ..traces.actions import A_ALLOC
+from ..units import fmt_bytes
 from . import profiles as _profiles
-from .config import AllocatorSettings, parse_config, settings_from_snapshot
-from .engine import POLICIES, EngineSettings
-from .replay import Figures
-from .trace import A_ALLOC
-from .units import fmt_bytes
+from .replayer import Figures
 
 __all__ = [
     "CONFIG_DEVICE",
@@ -46,14 +46,6 @@ __all__ = [
 _NEWEST = (2, 13)
 #: config.py's device vocabulary (parse_config's ``device``) for each profile device.
 CONFIG_DEVICE = {"cuda": "cuda", "rocm": "hip", "npu": "cuda", "xpu": "xpu"}
-
-
-class CapacityError(AccelGraphError, ValueError):
-    """A capacity that cannot hold the trace (``cap`` below the largest single allocation)."""
-
-
-class UnsupportedTraceError(AccelGraphError, ValueError):
-    """A trace or request the simulator cannot model (unknown profile/policy, no events)."""
 
 
 @dataclass(frozen=True)
@@ -251,11 +243,11 @@ def simulate(trace: Any, scenario: Scenario, *, device: int = 0, keep_events: bo
     """Replay one device's events of ``trace`` under ``scenario`` (one C call).
 
     ``ops_cache``: a dict the caller keeps while simulating one unchanging trace under many
-    scenarios (as :func:`~accel_graph.allocator.tuning.tune` does): the trace-to-ops
+    scenarios (as :func:`~accel_graph.allocator.tune.search.tune` does): the trace-to-ops
     conversion is then made once per distinct input
-    (:func:`~accel_graph.allocator.replay.build_ops_reusing`); results are identical.
+    (:func:`~accel_graph.allocator.sim.replayer.build_ops_reusing`); results are identical.
     """
-    from .replay import replay_trace
+    from .replayer import replay_trace
 
     if not len(trace.events(device)):
         raise UnsupportedTraceError(f"the trace has no events for device {device}")

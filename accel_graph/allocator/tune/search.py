@@ -3,7 +3,7 @@
 The library side of ``accel-alloc tune`` (docs/accel-alloc-tune.md). :func:`build_space` lists
 the knobs a profile honours and the values tried (and which knobs are skipped, and why);
 :func:`search_space` is its full grid as canonical config strings; :func:`tune` evaluates a
-structured subset of it with :func:`~accel_graph.allocator.whatif.simulate` (one C call per
+structured subset of it with :func:`~accel_graph.allocator.sim.scenario.simulate` (one C call per
 configuration) and ranks the results.
 
 Search design (a full grid is about a thousand configurations; the default budget is 256):
@@ -16,9 +16,9 @@ Search design (a full grid is about a thousand configurations; the default budge
 5. ``refine``: every one-knob neighbour of the five best configurations so far;
 6. ``fill``: seeded random grid points until the budget is spent.
 
-Every candidate is parsed with :func:`~accel_graph.allocator.config.parse_config` for the
+Every candidate is parsed with :func:`~accel_graph.allocator.alloc_conf.parse_config` for the
 profile's device and deduplicated by its canonical string
-(:meth:`~accel_graph.allocator.config.AllocatorSettings.to_string`), so nothing torch would reject
+(:meth:`~accel_graph.allocator.alloc_conf.AllocatorSettings.to_string`), so nothing torch would reject
 is evaluated or recommended. Candidates under the other engine policies (``engine.POLICIES``) are
 evaluated too, for comparison: a policy is not selectable with an environment variable, so they
 are never ranked or recommended.
@@ -41,11 +41,11 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError
-from . import profiles as _profiles
-from .config import AllocatorSettings, parse_config
-from .engine import POLICIES, POLICY_KEYS
-from .whatif import (
+from ...errors import ConfigError
+from ..alloc_conf import AllocatorSettings, parse_config
+from ..core.engine import POLICIES, POLICY_KEYS
+from ..sim import profiles as _profiles
+from ..sim.scenario import (
     CONFIG_DEVICE,
     CapacityError,
     Figures,
@@ -301,7 +301,7 @@ def delta(c: Candidate, baseline: Candidate) -> dict[str, Any]:
 
 
 def _entries(config: str | None) -> set[str]:
-    from .whatif import top_level_entries
+    from ..sim.scenario import top_level_entries
 
     return {e for e in top_level_entries(config or "") if e}
 
@@ -540,12 +540,12 @@ def tune(trace: Any, *, objective: str = "peak", cap: int | None = None,
     a profile name or device (default: the trace's device, newest torch); ``budget``: how many
     configurations of the profile's policy to evaluate (at least 2); ``progress(done, total)``:
     called after each evaluation; ``jobs``: worker processes (fork); ``seed``: the fill stage's
-    random order. Raises :class:`~accel_graph.allocator.whatif.UnsupportedTraceError` (unknown
-    profile, no events), :class:`~accel_graph.allocator.whatif.CapacityError` (``cap`` below the
+    random order. Raises :class:`~accel_graph.allocator.sim.scenario.UnsupportedTraceError` (unknown
+    profile, no events), :class:`~accel_graph.allocator.sim.scenario.CapacityError` (``cap`` below the
     largest allocation, or no ``cap`` for a trace recorded with a memory fraction) and
     ``ValueError`` for a bad objective or budget.
     """
-    from .replay import recorded_summary
+    from ..sim.replayer import recorded_summary
 
     if objective not in OBJECTIVES:
         raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}; got {objective!r}")

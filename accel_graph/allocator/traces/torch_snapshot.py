@@ -8,7 +8,7 @@ read an array of them directly::
     struct event { uint8_t action; uint8_t pad[3]; int32_t frames;
                    uint64_t addr; uint64_t size; int64_t stream; int64_t time_us; int64_t pool; };
 
-``action`` is a code from :data:`accel_graph.allocator.trace.ACTIONS`; ``frames`` indexes the
+``action`` is a code from :data:`accel_graph.allocator.traces.actions.ACTIONS`; ``frames`` indexes the
 trace's interned stacks (-1: none); ``addr`` holds ``device_free`` for ``oom`` events (which have
 no address); ``time_us`` is -1 when the recording had no timestamps.
 """
@@ -23,8 +23,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..errors import TraceFormatError
-from .trace import ACTION_CODE, ACTIONS
+from ...errors import TraceFormatError
+from .actions import ACTION_CODE, ACTIONS
 
 __all__ = [
     "DEVICE_TYPES",

@@ -19,8 +19,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .config import CONFIG_VARIABLES, AllocatorSettings
-from .profiles import Profile
+from ..alloc_conf import CONFIG_VARIABLES, AllocatorSettings
+from ..sim.profiles import Profile
 
 __all__ = [
     "USES",
@@ -149,7 +149,7 @@ def env_assignment(config: str, profile: Profile) -> EnvAssignment:
 def env_override_warnings(environ: Mapping[str, str], env_var: str,
                           config: str | None = None) -> list[Advice]:
     """Variables set in ``environ`` that the build reads before ``env_var`` (torch reads the
-    first of :data:`~accel_graph.allocator.config.CONFIG_VARIABLES` that is set, whole, and
+    first of :data:`~accel_graph.allocator.alloc_conf.CONFIG_VARIABLES` that is set, whole, and
     merges nothing): each would silently override the pasted line. Also flags ``env_var``
     itself already set to another string."""
     out: list[Advice] = []

@@ -1,7 +1,7 @@
 """Whole-trace replay: a recorded allocator trace through the C engine in one call.
 
-``replay_trace(trace)`` turns a :class:`~accel_graph.allocator.snapshot.Trace`'s events into one
-:data:`~accel_graph.allocator.engine.OP_DTYPE` array (vectorised with numpy) and runs it with a
+``replay_trace(trace)`` turns a :class:`~accel_graph.allocator.traces.model.Trace`'s events into one
+:data:`~accel_graph.allocator.core.engine.OP_DTYPE` array (vectorised with numpy) and runs it with a
 single :meth:`Engine.replay`. Before that, a short prologue (a second, small ``replay`` call)
 rebuilds the allocator state at the trace's start when the recording began mid-run.
 
@@ -34,10 +34,9 @@ from typing import Any
 
 import numpy as np
 
-from .config import settings_from_snapshot
-from .engine import OP, OP_DTYPE, Engine, EngineSettings
-from .profiles import NPU_ROUND_EXTRA, Profile, resolve_profile, round_requests
-from .trace import (
+from ..alloc_conf import settings_from_snapshot
+from ..core.engine import OP, OP_DTYPE, Engine, EngineSettings
+from ..traces.actions import (
     A_ALLOC,
     A_FREE,
     A_FREE_REQ,
@@ -49,6 +48,7 @@ from .trace import (
     SEGMENT_ACTIONS,
     reserved_delta,
 )
+from .profiles import NPU_ROUND_EXTRA, Profile, resolve_profile, round_requests
 
 __all__ = [
     "Figures",

@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from .snapshot_io import COMPACT_MAGIC, TRACE_DTYPE, TraceFormatError, TraceLimits
-from .trace import ACTIONS
+from .actions import ACTIONS
+from .torch_snapshot import COMPACT_MAGIC, TRACE_DTYPE, TraceFormatError, TraceLimits
 
 __all__ = ["VERSION", "decode", "encode"]
 

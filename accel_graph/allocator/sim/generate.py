@@ -38,10 +38,10 @@ from typing import Any
 
 import numpy as np
 
-from .config import AllocatorSettings, parse_config
-from .engine import Engine, EngineSettings
-from .snapshot import Trace
-from .trace import ACTION_CODE
+from ..alloc_conf import AllocatorSettings, parse_config
+from ..core.engine import Engine, EngineSettings
+from ..traces.actions import ACTION_CODE
+from ..traces.model import Trace
 
 __all__ = ["WORKLOADS", "Tape", "generate", "trace_stats"]
 

@@ -39,7 +39,7 @@ enum { AG_POLICY_NATIVE = 0, AG_POLICY_XPU = 1, AG_POLICY_BFC = 2 };
 enum { AG_POOL_NO_SPLIT = 1, AG_POOL_USE_ON_OOM = 2 };
 enum { AG_UPSTREAM_HOST = 0, AG_UPSTREAM_COUNTING = 1, AG_UPSTREAM_DEVICE = 2 };
 
-/* Action codes: identical to accel_graph/allocator/trace.py ACTIONS (never renumber). */
+/* Action codes: identical to accel_graph/allocator/traces/actions.py ACTIONS (never renumber). */
 enum {
     AG_EV_ALLOC = 0,
     AG_EV_FREE_REQUESTED = 1,

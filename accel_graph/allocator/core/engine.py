@@ -10,7 +10,7 @@ are the same code.
 
 Contract:
 
-- Every C status goes through :func:`_check`, which raises :class:`OutOfMemoryError` (also a
+- Every C status goes through :func:`check_status`, which raises :class:`OutOfMemoryError` (also a
   ``torch.OutOfMemoryError`` and ``MemoryError``), :class:`ConfigError` (a ``ValueError``) for
   bad arguments, :class:`PoolError` for unknown or released pools, :class:`BackendUnavailable`
   when the device runtime cannot be loaded, :class:`AccelGraphError` otherwise. A refused call
@@ -26,7 +26,6 @@ Contract:
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -34,13 +33,14 @@ from typing import Any
 
 import numpy as np
 
-from .. import errors as _errors
-from ..errors import (
+from ... import errors as _errors
+from ...errors import (
     AccelGraphError,
     BackendUnavailable,
     ConfigError,
     PoolError,
 )
+from .loader import load_core, load_dlpack
 from .stats import memory_stats_dict, oom_message, snapshot_segments
 
 __all__ = [
@@ -51,6 +51,7 @@ __all__ = [
     "Engine",
     "EngineSettings",
     "allocation_size",
+    "check_status",
     "round_size",
     "rp2_next_division",
 ]
@@ -105,25 +106,6 @@ EVENT_DTYPE = np.dtype(EVENT_FIELDS)
 OP_DTYPE = np.dtype(OP_FIELDS)
 
 
-_core_module: Any = None
-_dlpack_module: Any = False  # False: not tried yet; None: unavailable
-
-
-def _core() -> Any:
-    """The compiled core, imported once. Raises BackendUnavailable if it was never built."""
-    global _core_module
-    if _core_module is None:
-        try:
-            _core_module = importlib.import_module("accel_graph.allocator._core")
-        except ImportError as exc:
-            raise BackendUnavailable(
-                "the allocator's C core (accel_graph.allocator._core) is not built: reinstall the "
-                "package to compile it, e.g. `pip install --no-build-isolation -e .` from the "
-                f"repository root (needs a C compiler and cffi). Import error: {exc}"
-            ) from exc
-    return _core_module
-
-
 # ----------------------------------------------------------------------------------------------
 # settings
 
@@ -132,7 +114,7 @@ def _core() -> Any:
 class EngineSettings:
     """Already-parsed allocator settings (sizes in bytes; ``None`` = torch's default).
 
-    Names follow :class:`accel_graph.allocator.config.AllocatorSettings`; build one from those
+    Names follow :class:`accel_graph.allocator.alloc_conf.AllocatorSettings`; build one from those
     with :meth:`from_allocator_settings`.
 
     - ``max_split_size``: ``None`` = unlimited. Must be >= ``large_segment_size``.
@@ -250,16 +232,16 @@ def _fill_settings(ffi: Any, s: EngineSettings, policy: str, upstream: str) -> A
 # status codes
 
 
-def _check(rc: int, engine: Engine | None = None, message: str | None = None) -> int:
+def check_status(rc: int, engine: Engine | None = None, message: str | None = None) -> int:
     """Turn a C status (or a negative pointer/id result) into the matching exception.
 
-    Non-negative values pass through unchanged, so ``ptr = _check(lib.ag_malloc(...))`` works.
+    Non-negative values pass through unchanged, so ``ptr = check_status(lib.ag_malloc(...))`` works.
     """
     if rc >= 0:
         return rc
     if message is None:
         message = engine._last_error() if engine is not None else f"allocator error {rc}"
-    core = _core()
+    core = load_core()
     lib = core.lib
     if rc == lib.AG_ERR_OOM:
         if engine is not None:
@@ -320,7 +302,7 @@ class Engine:
         device_name: str | None = None,
         device_index: int = 0,
     ) -> None:
-        core = _core()
+        core = load_core()
         ffi, lib = core.ffi, core.lib
         self.settings = settings if settings is not None else EngineSettings()
         self.policy = policy
@@ -333,7 +315,7 @@ class Engine:
         err = ffi.new("char[512]")
         rc = lib.ag_engine_create(c, libs, out, err, 512)
         if rc != 0:
-            _check(rc, None, ffi.string(err).decode(errors="replace"))
+            check_status(rc, None, ffi.string(err).decode(errors="replace"))
         self._ffi, self._lib = ffi, lib
         self._e = ffi.gc(out[0], lib.ag_engine_destroy)
         # Bound C functions: the hot path is one attribute load and one cffi call.
@@ -353,6 +335,23 @@ class Engine:
     def __repr__(self) -> str:
         return f"Engine(policy={self.policy!r}, upstream={self.upstream!r})"
 
+    @property
+    def c_handle(self) -> Any:
+        """The C engine (``ag_engine *``) for C-level callers of the core, such as the device
+        plug-in (``ag_pluggable_install``). Valid while this engine is open; never free it."""
+        return self._e
+
+    def host_view(self, ptr: int, nbytes: int) -> np.ndarray:
+        """``nbytes`` of host memory at ``ptr`` as a writable ``uint8`` array, no copy.
+
+        Only for a ``host`` upstream and for a block this engine handed out (the caller keeps
+        the block alive while the view is used): the engine cannot check either.
+        """
+        if self.upstream != "host":
+            raise ConfigError(f"host_view needs the 'host' upstream, this engine uses {self.upstream!r}")
+        ffi = self._ffi
+        return np.frombuffer(ffi.buffer(ffi.cast("char *", ptr), nbytes), dtype=np.uint8)
+
     # -- allocation ------------------------------------------------------------------------
 
     def malloc(self, size: int, stream: int = 0, pool: int | None = None) -> int:
@@ -368,14 +367,14 @@ class Engine:
         except OverflowError:
             if isinstance(size, int) and size >= 1 << 60:
                 # too big for int64: the same 1 EB refusal torch gives
-                return _check(self._lib.ag_malloc(self._e, 1 << 62, 0, 0), self)
+                return check_status(self._lib.ag_malloc(self._e, 1 << 62, 0, 0), self)
             raise ConfigError(f"bad malloc arguments: size={size!r} stream={stream!r}") from None
         except TypeError:
             raise ConfigError(
                 f"malloc needs int size and stream, got size={size!r} stream={stream!r} pool={pool!r}"
             ) from None
         if r < 0:
-            _check(r, self)
+            check_status(r, self)
         return r
 
     def free(self, ptr: int) -> None:
@@ -385,7 +384,7 @@ class Engine:
         except (OverflowError, TypeError):
             raise ConfigError(f"free needs a block address, got {ptr!r}") from None
         if rc:
-            _check(rc, self)
+            check_status(rc, self)
 
     def record_stream(self, ptr: int, stream: int) -> None:
         """Mark the block as used on ``stream``: its free completes only after a later
@@ -396,30 +395,30 @@ class Engine:
             raise ConfigError(
                 f"record_stream needs a block address and a stream, got {ptr!r}, {stream!r}"
             ) from None
-        _check(rc, self)
+        check_status(rc, self)
 
     def block_size(self, ptr: int) -> int:
         """The (rounded, maybe unsplit) size of an allocated block."""
-        return _check(self._lib.ag_block_size(self._e, ptr), self)
+        return check_status(self._lib.ag_block_size(self._e, ptr), self)
 
     def process_events(self) -> None:
         """Complete pending cross-stream frees (skipped while a pool receives allocations, as
         torch skips event queries during capture). malloc does this first, as torch does."""
-        _check(self._lib.ag_process_events(self._e), self)
+        check_status(self._lib.ag_process_events(self._e), self)
 
     def synchronize(self) -> None:
         """Synchronise all streams: complete pending frees; counts ``num_sync_all_streams``."""
-        _check(self._lib.ag_synchronize(self._e), self)
+        check_status(self._lib.ag_synchronize(self._e), self)
 
     def empty_cache(self) -> None:
         """Return every whole free segment (and whole free expandable page) to the upstream,
         and the memory of released private pools. Skipped for the default pools while any pool
         receives allocations, as torch does during capture."""
-        _check(self._lib.ag_empty_cache(self._e), self)
+        check_status(self._lib.ag_empty_cache(self._e), self)
 
     def set_memory_fraction(self, fraction: float | None) -> None:
         """torch's ``set_per_process_memory_fraction``; ``None`` unsets it."""
-        _check(
+        check_status(
             self._lib.ag_set_memory_fraction(self._e, -1.0 if fraction is None else fraction), self
         )
 
@@ -429,14 +428,14 @@ class Engine:
         points are not built, or torch has no DLPack importer."""
         if self.upstream != "host":
             return None
-        mod = _dlpack()
+        mod = load_dlpack()
         return None if mod is None else TensorBlocks(self, mod)
 
     # -- streams and pools -----------------------------------------------------------------
 
     def create_stream(self) -> int:
         """A new stream id (blocks are cached per stream)."""
-        return _check(self._lib.ag_create_stream(self._e), self)
+        return check_status(self._lib.ag_create_stream(self._e), self)
 
     @property
     def num_streams(self) -> int:
@@ -451,31 +450,31 @@ class Engine:
         flags = (lib.AG_POOL_NO_SPLIT if no_split else 0) | (
             lib.AG_POOL_USE_ON_OOM if use_on_oom else 0
         )
-        return _check(lib.ag_create_pool(self._e, flags), self)
+        return check_status(lib.ag_create_pool(self._e, flags), self)
 
     def begin_allocate_to_pool(self, pool: int, stream: int = -1) -> None:
         """Route allocations on ``stream`` (-1: every stream) to ``pool``; adds one use."""
-        _check(self._lib.ag_begin_allocate_to_pool(self._e, pool, stream), self)
+        check_status(self._lib.ag_begin_allocate_to_pool(self._e, pool, stream), self)
 
     def end_allocate_to_pool(self, pool: int) -> None:
         """Stop routing allocations to ``pool`` (the use taken by begin stays until release)."""
-        _check(self._lib.ag_end_allocate_to_pool(self._e, pool), self)
+        check_status(self._lib.ag_end_allocate_to_pool(self._e, pool), self)
 
     def release_pool(self, pool: int) -> None:
         """Drop one use of ``pool``; at zero its free memory goes back at the next empty_cache
         (or OOM retry), and the pool disappears once it holds no segment."""
-        _check(self._lib.ag_release_pool(self._e, pool), self)
+        check_status(self._lib.ag_release_pool(self._e, pool), self)
 
     def pool_use_count(self, pool: int) -> int:
         """How many users (creator, captures, MemPool contexts) hold ``pool``."""
-        return _check(self._lib.ag_pool_use_count(self._e, pool), self)
+        return check_status(self._lib.ag_pool_use_count(self._e, pool), self)
 
     def pool_memory(self, pool: int | None = None) -> dict[str, int]:
         """What one private pool (or, for ``None``, the default pools) holds right now:
         ``segments``, ``reserved_bytes``, ``allocated_bytes``, ``active_bytes``,
         ``blocks_allocated``, and for private pools ``use_count`` and ``freeable``."""
         info = self._ffi.new("ag_pool_info *")
-        _check(self._lib.ag_pool_info_get(self._e, pool or 0, info), self)
+        check_status(self._lib.ag_pool_info_get(self._e, pool or 0, info), self)
         out = {
             f: int(getattr(info, f))
             for f in (
@@ -535,7 +534,7 @@ class Engine:
         lib.ag_layout_counts(self._e, ns, nb)
         segs = ffi.new("ag_segment_info[]", max(ns[0], 1))
         blocks = ffi.new("ag_block_info[]", max(nb[0], 1))
-        _check(lib.ag_layout(self._e, segs, ns[0], blocks, nb[0]), self)
+        check_status(lib.ag_layout(self._e, segs, ns[0], blocks, nb[0]), self)
         from .stats import BLOCK_STATES
 
         out = []
@@ -570,11 +569,11 @@ class Engine:
 
     def enable_events(self, max_entries: int = 0) -> None:
         """Start recording events; ``max_entries`` > 0 keeps only the newest ones (a ring)."""
-        _check(self._lib.ag_events_enable(self._e, 1, max_entries), self)
+        check_status(self._lib.ag_events_enable(self._e, 1, max_entries), self)
 
     def disable_events(self) -> None:
         """Stop recording; events already recorded stay until drained."""
-        _check(self._lib.ag_events_enable(self._e, 0, 0), self)
+        check_status(self._lib.ag_events_enable(self._e, 0, 0), self)
 
     def drain_events(self, as_list: bool = False) -> Any:
         """Remove and return the recorded events, oldest first: a numpy structured array of
@@ -616,7 +615,7 @@ class Engine:
             done,
         )
         if rc:
-            _check(rc, self, f"replay stopped at op {done[0]}: {self._last_error()}")
+            check_status(rc, self, f"replay stopped at op {done[0]}: {self._last_error()}")
         return results[: len(ops)]
 
     # -- lifetime --------------------------------------------------------------------------
@@ -634,31 +633,6 @@ class Engine:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _dlpack() -> Any:
-    """The ``_dlpack`` extension bound to the core and to torch's importer, or ``None``."""
-    global _dlpack_module
-    if _dlpack_module is False:
-        _dlpack_module = None
-        try:
-            mod = importlib.import_module("accel_graph.allocator._dlpack")
-            core = _core()
-            ffi, lib = core.ffi, core.lib
-            alloc = int(ffi.cast("uintptr_t", ffi.addressof(lib, "ag_tensor_alloc")))
-            release = int(ffi.cast("uintptr_t", ffi.addressof(lib, "ag_tensor_release")))
-            drain = int(ffi.cast("uintptr_t", ffi.addressof(lib, "ag_tensor_drain")))
-            import torch
-
-            # torch >= 1.10 has the C importer; the Python wrapper is the fallback
-            importer = getattr(torch._C, "_from_dlpack", None)
-            if importer is None:
-                from torch.utils.dlpack import from_dlpack as importer
-            mod.bind(alloc, release, drain, importer)
-            _dlpack_module = mod
-        except (ImportError, AttributeError, BackendUnavailable):
-            pass
-    return _dlpack_module
 
 
 class TensorBlocks:
@@ -700,7 +674,7 @@ class TensorBlocks:
 
     def check(self, rc: int) -> None:
         """Raise what a refused block means (OutOfMemoryError with torch's message, ...)."""
-        _check(rc, self._engine)
+        check_status(rc, self._engine)
 
     def drain(self) -> list[int]:
         """Keys of the tensors that died since the last drain, in order of death."""
@@ -714,7 +688,7 @@ class TensorBlocks:
     def set_release_idle(self, on: bool) -> None:
         """Whether each death also returns whole free segments to the upstream (as
         :meth:`Engine.empty_cache`); turning it on releases them now."""
-        _check(self._lib.ag_tensor_set_release_idle(self._engine._e, 1 if on else 0), self._engine)
+        check_status(self._lib.ag_tensor_set_release_idle(self._engine._e, 1 if on else 0), self._engine)
 
     def counts(self) -> tuple[int, int]:
         """(live tensor blocks, deaths whose free the engine refused: always 0)."""
@@ -747,18 +721,18 @@ class _ClosedEngine(Engine):
 
 def round_size(size: int, settings: EngineSettings | None = None, policy: str = "native") -> int:
     """The block size a request of ``size`` bytes gets (torch's ``round_size``)."""
-    core = _core()
+    core = load_core()
     c = _fill_settings(core.ffi, settings or EngineSettings(), policy, "counting")
     return int(core.lib.ag_round_size(c, size))
 
 
 def rp2_next_division(size: int, divisions: int) -> int:
     """torch's ``roundup_power2_next_division`` (e.g. 1200 with 4 divisions gives 1280)."""
-    return int(_core().lib.ag_rp2_next_division(size, divisions))
+    return int(load_core().lib.ag_rp2_next_division(size, divisions))
 
 
 def allocation_size(size: int, settings: EngineSettings | None = None) -> int:
     """The segment size a (rounded) request of ``size`` bytes asks the upstream for."""
-    core = _core()
+    core = load_core()
     c = _fill_settings(core.ffi, settings or EngineSettings(), "native", "counting")
     return int(core.lib.ag_allocation_size(c, size))

@@ -28,9 +28,10 @@ from typing import Any
 import numpy as np
 
 from . import compact
+from .actions import ACTION_CODE, ACTIONS
 from .rmm_csv import is_rmm_csv, read_rmm_csv
 from .safe_pickle import safe_loads
-from .snapshot_io import (
+from .torch_snapshot import (
     DEFAULT_LIMITS,
     DEVICE_TYPES,
     FORMATS,
@@ -46,7 +47,6 @@ from .snapshot_io import (
     read_snapshot,
     sniff_format,
 )
-from .trace import ACTION_CODE, ACTIONS
 
 __all__ = [
     "DEVICE_TYPES",
@@ -594,7 +594,7 @@ def load_trace(
     limits: TraceLimits = DEFAULT_LIMITS,
 ) -> Trace:
     """Load a trace from a snapshot pickle (dict or legacy list), JSON, compact file or RMM
-    ``logging_resource_adaptor`` CSV (:mod:`~accel_graph.allocator.rmm_csv`).
+    ``logging_resource_adaptor`` CSV (:mod:`~accel_graph.allocator.traces.rmm_csv`).
 
     The format is sniffed from the content, not the name. ``device_type`` overrides what the
     file says or what is inferred. Raises :class:`TraceFormatError` (a ``ValueError``) for a

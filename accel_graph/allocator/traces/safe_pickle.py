@@ -13,7 +13,7 @@ from __future__ import annotations
 import io
 import pickle
 
-from .snapshot_io import TraceFormatError
+from .torch_snapshot import TraceFormatError
 
 __all__ = ["safe_loads"]
 
