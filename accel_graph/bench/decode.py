@@ -109,11 +109,11 @@ def _capture(
     """One capture of the decode step into a fresh CPU graph: ``(graph, output, seconds)``.
 
     With ``compile="inductor"`` the seconds include the compilation at instantiation."""
-    import accel_graph
+    from ..frontend import Graph, graph
 
-    g = accel_graph.Graph(device="cpu", compile=compile)
+    g = Graph(device="cpu", compile=compile)
     t0 = perf_counter()
-    with accel_graph.graph(g):
+    with graph(g):
         out = model.decode_step(tokens, positions)
     return g, out, perf_counter() - t0
 

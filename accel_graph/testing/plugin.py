@@ -303,7 +303,7 @@ def _fallback_report(reasons: list[str]) -> str:
 @pytest.fixture
 def make_graph(backend: Backend, device: torch.device) -> Callable[..., Any]:
     """``make_graph(**kwargs)``: a new ``accel_graph.Graph`` on the backend and device under test."""
-    from .. import Graph
+    from ..frontend import Graph
 
     def make(**kwargs: Any) -> Graph:
         g = Graph(device=device, **kwargs)
