@@ -105,6 +105,7 @@ class Graph:
     def capture_begin(self, pool: object | None = None, capture_error_mode: str | None = None) -> None:
         """Begin capturing on the current stream. Arguments override the constructor's."""
         self._check_can_begin()
+        self._check_process_allows_capture()
         mode = _check_mode(capture_error_mode if capture_error_mode is not None else self.capture_error_mode)
         if pool is not None:
             handle = self._backend.resolve_pool(pool, self._device)
@@ -129,6 +130,19 @@ class Graph:
                 "capture_begin()",
                 "it already holds a captured graph; call reset() to capture again, or create a new Graph",
             )
+
+    def _check_process_allows_capture(self) -> None:
+        """Raise ``CaptureError`` when a process-wide state forbids device-graph capture here:
+        the allocator plug-in installed as the whole-process CUDA allocator (torch keeps the
+        graph-pool hooks of pluggable allocators C++-only). Only native graphs are affected; the
+        recorder does not use torch's graph pools."""
+        if not self._backend.capabilities().native_graphs:
+            return
+        # Imported here: the plug-in module pulls in the allocator engine, which a process that
+        # never captures (or never uses the plug-in) should not pay for at `import accel_graph`.
+        from .allocator.core.plugin import check_capture_allowed
+
+        check_capture_allowed(self._device)
 
     def capture_end(self) -> None:
         """End the capture begun by ``capture_begin``; instantiate unless ``keep_graph``."""
@@ -228,6 +242,7 @@ def graph(
     # Refuse misuse before touching the device: a sync or empty_cache inside a capture that is
     # already underway would break that capture with a raw device error.
     g._check_can_begin()
+    g._check_process_allows_capture()
     if backend.is_current_stream_capturing(g.device):
         raise CaptureError(
             f"a capture is already underway on the current stream of {g.device}; end it before "

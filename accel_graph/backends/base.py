@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import itertools
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -247,5 +247,36 @@ class Backend(ABC):
         """What ``accel_graph.graph`` does before capture_begin (sync, empty caches)."""
 
     def describe(self) -> Iterator[tuple[str, str]]:
-        """Extra (key, value) facts for ``doctor``. Must not raise."""
+        """Extra (key, value) facts for ``doctor``'s entry of this (usable) backend. Must not raise."""
         return iter(())
+
+    # -- doctor: a backend's own section of ``accel-graph doctor`` ---------------------------
+    # Classmethods: the doctor reports every registered backend, usable or not, and must not
+    # initialise a device unless asked (``probe_devices``).
+
+    #: Key of this backend's own section in the doctor's JSON report (None: it has none).
+    doctor_key: ClassVar[str | None] = None
+    #: Heading of that section in the doctor's table (``"NVIDIA"``).
+    doctor_title: ClassVar[str] = ""
+
+    @classmethod
+    def doctor_versions(cls) -> dict[str, dict[str, Any]]:
+        """Entries for the report's ``versions`` block: name -> ``{"value": str or None,
+        "note": str or None}`` (``note`` says where the value came from, or why it is None).
+        Report every name on every host (value None where it does not apply), so the block
+        keeps its keys. Must not initialise a device."""
+        return {}
+
+    @classmethod
+    def doctor_section(cls, probe_devices: bool, problems: list[str]) -> dict[str, Any] | None:
+        """The JSON-ready section under ``doctor_key`` (None where it does not apply, e.g. not
+        this vendor's build). Read per-device facts only when ``probe_devices`` is true or the
+        runtime is already initialised; append things that need attention to ``problems``.
+        May raise: the doctor reports the error instead of the section."""
+        return None
+
+    @classmethod
+    def doctor_lines(cls, section: Mapping[str, Any] | None) -> list[str]:
+        """``section`` (as returned by :meth:`doctor_section`, possibly read back from JSON) as
+        lines of the doctor's table, each indented by two spaces."""
+        return []

@@ -8,33 +8,38 @@ so this is the cuda adapter with ROCm's differences: it serves only builds with
 * ``lazy-graph-exec-destroy``: synchronize the device before ``reset()`` drops an executable.
 * ``warmup-same-stream``: ``accel_graph.graph`` captures on the current stream when it is a side
   stream (vLLM #53818), so warm-up run there shares its library handles with the capture.
-* ``no-conditional-nodes`` and the allocator quirks are reported (``describe``/doctor).
+* ``no-conditional-nodes`` and the allocator quirks are reported (``describe`` and the doctor's
+  ``rocm`` section, with the gfx arch per device).
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar
 
 import torch
 
-from ._torch_graphs import CUDA_GRAPH_CAPABILITIES, TorchGraphBackend
-from .base import Capabilities, DeviceSpec
+from .base import DeviceSpec
+from .device_facts import cuda_device_name, cuda_devices, fact, read_text, runtime_version, safe
+from .native import NativeGraphBackend
 from .rocm import HipQuirk, parse_gfx_arch, parse_hip_version, quirks_for
 
 __all__ = ["HipBackend"]
 
 
-class HipBackend(TorchGraphBackend):
+class HipBackend(NativeGraphBackend):
     """HIP graphs on AMD GPUs (ROCm builds of torch, ``torch.cuda.CUDAGraph``)."""
 
     name: ClassVar[str] = "hip"
     aliases: ClassVar[tuple[str, ...]] = ("rocm",)
     device_types: ClassVar[tuple[str, ...]] = ("cuda",)
     priority: ClassVar[int] = 10
-    module_name = "cuda"
-    vendor_default_mode = "global"  # hipStreamCaptureModeGlobal, as torch passes on CUDA
+    module_name: ClassVar[str] = "cuda"
+    vendor_default_mode: ClassVar[str] = "global"  # hipStreamCaptureModeGlobal, as torch passes on CUDA
+    no_device_reason: ClassVar[str] = "no AMD GPU visible to ROCm"
+    doctor_key: ClassVar[str | None] = "rocm"
+    doctor_title: ClassVar[str] = "ROCm"
 
     def __init__(self) -> None:
         super().__init__()
@@ -42,19 +47,10 @@ class HipBackend(TorchGraphBackend):
         self._warned_arch: set[int | None] = set()
 
     @classmethod
-    def probe(cls) -> str | None:
-        hip = getattr(getattr(torch, "version", None), "hip", None)
-        if not hip:
+    def probe_build(cls) -> str | None:
+        if not getattr(getattr(torch, "version", None), "hip", None):
             return "torch.version.hip is None: this is not a ROCm build of torch"
-        cuda = getattr(torch, "cuda", None)
-        if cuda is None or not cuda.is_available():
-            return "torch.cuda.is_available() is False (no AMD GPU visible to ROCm)"
-        if not hasattr(cuda, "CUDAGraph"):
-            return "torch.cuda.CUDAGraph is missing from this torch build"
         return None
-
-    def capabilities(self) -> Capabilities:
-        return CUDA_GRAPH_CAPABILITIES
 
     @staticmethod
     def rocm_version() -> tuple[int, int, int] | None:
@@ -92,7 +88,7 @@ class HipBackend(TorchGraphBackend):
         """The known HIP-graph quirks that apply here (to ``device``'s arch when given)."""
         return quirks_for(self.rocm_version(), device.arch if device is not None else None)
 
-    def before_release(self, device: DeviceSpec) -> None:
+    def before_reset(self, device: DeviceSpec) -> None:
         # Quirk lazy-graph-exec-destroy: hipGraphExecDestroy frees at the next sync point, and
         # torch's reset() (unlike its destructor) does not sync. Never sync inside a capture:
         # that would invalidate it.
@@ -126,3 +122,75 @@ class HipBackend(TorchGraphBackend):
                 yield f"quirk {q.id}", f"{q.applies_when()}: {q.mitigation}"
         except Exception as exc:  # describe must never raise
             yield "error", f"{type(exc).__name__}: {exc}"
+
+    # -- doctor ------------------------------------------------------------------------------
+    @classmethod
+    def doctor_versions(cls) -> dict[str, dict[str, Any]]:
+        if getattr(torch.version, "hip", None):
+            amd = read_text("/sys/module/amdgpu/version")
+            return {
+                "hip_build": fact(torch.version.hip, "torch.version.hip"),
+                "hip_runtime": fact(*runtime_version("libamdhip64.so", "hipRuntimeGetVersion")),
+                "amdgpu_driver": fact(
+                    amd.strip() if amd else None,
+                    "/sys/module/amdgpu/version" if amd else "not reported (/sys/module/amdgpu/version is absent)",
+                ),
+            }
+        why = "not a ROCm build of torch (torch.version.hip is None)"
+        return {k: fact(None, why) for k in ("hip_build", "hip_runtime", "amdgpu_driver")}
+
+    @classmethod
+    def doctor_section(cls, probe_devices: bool, problems: list[str]) -> dict[str, Any] | None:
+        """The ROCm version, the gfx arch per device and the quirks that apply (null unless
+        this is a ROCm build)."""
+        hip = getattr(torch.version, "hip", None)
+        if not hip:
+            return None
+        parsed, parse_err = safe(lambda: parse_hip_version(hip))
+        arch_list, _ = safe(lambda: list(torch.cuda.get_arch_list()), [])
+
+        def one(i: int) -> dict[str, Any]:
+            name = getattr(torch.cuda.get_device_properties(i), "gcnArchName", None)
+            gfx, err = safe(lambda: parse_gfx_arch(name)) if name else (None, "no gcnArchName")
+            quirks = quirks_for(parsed, gfx) if gfx is not None else quirks_for(parsed)
+            return {
+                "index": i,
+                "name": cuda_device_name(i),
+                "gcn_arch": name,
+                "gfx": gfx.name if gfx else None,
+                "features": {k: v for k, v in gfx.features} if gfx else {},
+                "in_build": (gfx.name in {a.split(":")[0] for a in arch_list}) if gfx and arch_list else None,
+                "quirks": [q.id for q in quirks],
+                "error": err,
+            }
+
+        devices, note = cuda_devices(probe_devices, one)
+        applicable = quirks_for(parsed)  # by version alone: arch-specific ones cannot be ruled out
+        if devices:
+            ids = {q for d in devices for q in d.get("quirks", [])}
+            applicable = [q for q in applicable if q.id in ids]
+        return {
+            "hip_version": hip,
+            "parsed": list(parsed) if parsed else None,
+            "parse_error": parse_err,
+            "arch_list": arch_list,
+            "devices": devices,
+            "note": note,
+            "quirks_scope": "these devices" if devices else "this ROCm version, any arch (devices not checked)",
+            "quirks": [q.as_dict() for q in applicable],
+        }
+
+    @classmethod
+    def doctor_lines(cls, section: Mapping[str, Any] | None) -> list[str]:
+        if section is None:
+            return ["  not a ROCm build of torch: no HIP version, gfx arch or quirks"]
+        out = [f"  HIP {section.get('hip_version')} (parsed {section.get('parsed') or section.get('parse_error')})"]
+        if section.get("devices") is None:
+            out.append(f"  gfx arch: {section.get('note')}")
+        for d in section.get("devices") or []:
+            out.append(f"  cuda:{d['index']} {d.get('gfx') or d.get('error')} ({d.get('gcn_arch')}); "
+                       f"in build: {d.get('in_build')}")
+        out.append(f"  quirks that apply ({section.get('quirks_scope')}):")
+        for q in section.get("quirks") or []:
+            out.append(f"    {q['id']} [{q['applies_when']}]: {q['mitigation']} ({', '.join(q['references'])})")
+        return out

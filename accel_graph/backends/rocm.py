@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from ..errors import ConfigError
 
@@ -128,6 +129,13 @@ class HipQuirk:
         if self.archs is not None:
             parts.append("arch in " + ", ".join(sorted(self.archs)))
         return " and ".join(parts) or "all ROCm versions and archs"
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form, as the doctor's ``rocm.quirks`` entries."""
+        return {
+            "id": self.id, "what": self.what, "mitigation": self.mitigation,
+            "references": list(self.references), "applies_when": self.applies_when(),
+        }  # fmt: skip
 
 
 HIP_QUIRKS: tuple[HipQuirk, ...] = (

@@ -24,21 +24,32 @@ import importlib.util
 import json
 import os
 import platform
-import re
 import sys
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-__all__ = ["SCHEMA", "SCHEMA_VERSION", "add_arguments", "collect", "format_report", "run"]
+from ..backends.device_facts import NOT_CHECKED_CUDA, NOT_CHECKED_XPU
+from ..backends.device_facts import safe as _safe
+
+if TYPE_CHECKING:
+    from ..backends.base import Backend
+
+__all__ = [
+    "NOT_CHECKED_CUDA",  # re-exported: what an unchecked per-device fact reads (docs/doctor.md)
+    "NOT_CHECKED_XPU",
+    "SCHEMA",
+    "SCHEMA_VERSION",
+    "add_arguments",
+    "collect",
+    "format_report",
+    "run",
+]
 
 SCHEMA = "accel-graph.doctor"
 #: Bump on any change that removes or retypes a key (adding keys keeps the version).
 SCHEMA_VERSION = 1
-
-NOT_CHECKED_CUDA = "not checked: would initialise CUDA (rerun with --probe-devices)"
-NOT_CHECKED_XPU = "not checked: would initialise XPU (rerun with --probe-devices)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -67,18 +78,6 @@ def run(args: argparse.Namespace) -> int:
 # helpers
 
 
-def _safe(fn: Callable[[], Any], default: Any = None) -> tuple[Any, str | None]:
-    """``(fn(), None)``, or ``(default, "Type: message")`` if it raised."""
-    try:
-        return fn(), None
-    except Exception as exc:  # the doctor must report, never crash
-        return default, f"{type(exc).__name__}: {exc}"
-
-
-def _fact(value: Any, note: str | None = None) -> dict[str, Any]:
-    return {"value": value, "note": note}
-
-
 def _jsonable(obj: Any) -> Any:
     if isinstance(obj, Mapping):
         return {str(k): _jsonable(v) for k, v in obj.items()}
@@ -89,49 +88,11 @@ def _jsonable(obj: Any) -> Any:
     return str(obj)
 
 
-def _read(path: str) -> str | None:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return f.read()
-    except OSError:
-        return None
+def _sectioned_backends() -> list[type[Backend]]:
+    """The registered backends that contribute a section of their own (``doctor_key``)."""
+    from ..backends import registered_backends
 
-
-def _mapped_library(stem: str) -> str | None:
-    """Path of a shared library already mapped into this process whose name starts with stem."""
-    maps = _read("/proc/self/maps") or ""
-    for line in maps.splitlines():
-        path = line.rsplit(None, 1)[-1] if "/" in line else ""
-        if os.path.basename(path).startswith(stem):
-            return path
-    return None
-
-
-def _runtime_version(stem: str, symbol: str) -> tuple[str | None, str]:
-    """``cudaRuntimeGetVersion``/``hipRuntimeGetVersion`` of the runtime torch already loaded
-    (neither creates a context), as "M.m"; None and why when unavailable."""
-    path = _mapped_library(stem)
-    if path is None:
-        return None, f"{stem} is not loaded in this process"
-    try:
-        fn = getattr(ctypes.CDLL(path), symbol)
-        out = ctypes.c_int(0)
-        if fn(ctypes.byref(out)) != 0:
-            return None, f"{symbol} failed ({path})"
-    except (OSError, AttributeError) as exc:
-        return None, f"{symbol} unavailable in {path}: {exc}"
-    v = out.value
-    if stem.startswith("libamdhip"):  # HIP encodes major*10000000 + minor*100000 + patch
-        return f"{v // 10000000}.{(v // 100000) % 100}.{v % 100000}", f"{symbol} ({path})"
-    return f"{v // 1000}.{(v % 1000) // 10}", f"{symbol} ({path})"
-
-
-def _nvidia_driver() -> tuple[str | None, str]:
-    text = _read("/proc/driver/nvidia/version")
-    if text is None:
-        return None, "no NVIDIA kernel driver loaded (/proc/driver/nvidia/version is absent)"
-    m = re.search(r"Kernel Module(?: for [^ ]+)?\s+([0-9][0-9.]*)", text)
-    return (m.group(1) if m else text.strip().splitlines()[0]), "/proc/driver/nvidia/version"
+    return [cls for cls in registered_backends().values() if getattr(cls, "doctor_key", None)]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -150,32 +111,16 @@ def _torch_section() -> dict[str, Any]:
     }
 
 
-def _versions(cuda_build: bool, hip_build: bool, xpu_build: bool) -> dict[str, Any]:
+def _versions(problems: list[str]) -> dict[str, Any]:
+    """Every registered backend's ``doctor_versions()``, in registry order."""
+    from ..backends import registered_backends
+
     out: dict[str, Any] = {}
-    if cuda_build:
-        out["cuda_build"] = _fact(torch.version.cuda, "torch.version.cuda (the toolkit torch was built with)")
-        out["cuda_runtime"] = _fact(*_runtime_version("libcudart.so", "cudaRuntimeGetVersion"))
-        out["cuda_driver"] = _fact(*_nvidia_driver())
-    else:
-        why = "not a CUDA build of torch (torch.version.cuda is None)"
-        out["cuda_build"] = out["cuda_runtime"] = _fact(None, why)
-        value, note = _nvidia_driver()
-        out["cuda_driver"] = _fact(value, note)
-    if hip_build:
-        out["hip_build"] = _fact(torch.version.hip, "torch.version.hip")
-        out["hip_runtime"] = _fact(*_runtime_version("libamdhip64.so", "hipRuntimeGetVersion"))
-        amd = _read("/sys/module/amdgpu/version")
-        out["amdgpu_driver"] = _fact(
-            amd.strip() if amd else None,
-            "/sys/module/amdgpu/version" if amd else "not reported (/sys/module/amdgpu/version is absent)",
-        )
-    else:
-        why = "not a ROCm build of torch (torch.version.hip is None)"
-        out["hip_build"] = out["hip_runtime"] = out["amdgpu_driver"] = _fact(None, why)
-    if xpu_build:
-        out["xpu_build"] = _fact(torch.version.xpu, "torch.version.xpu")
-    else:
-        out["xpu_build"] = _fact(None, "not an XPU build of torch (torch.version.xpu is None)")
+    for cls in registered_backends().values():
+        got, err = _safe(cls.doctor_versions, {})
+        out.update(got)
+        if err:
+            problems.append(f"doctor could not collect 'versions' of {cls.name}: {err}")
     return out
 
 
@@ -238,149 +183,6 @@ def _routing(environ: Mapping[str, str]) -> dict[str, Any]:
         "device": str(chosen[1]) if chosen else None,
         "error": err,
     }
-
-
-def _cuda_devices(probe: bool, per_device: Callable[[int], dict[str, Any]]) -> tuple[list | None, str | None]:
-    """Per-device facts when allowed (probing, or CUDA already initialised), else why not."""
-    cuda = torch.cuda
-    if not cuda.is_available():
-        return None, "no visible device (torch.cuda.is_available() is False)"
-    if not (probe or cuda.is_initialized()):
-        return None, NOT_CHECKED_CUDA
-    count, err = _safe(lambda: int(cuda.device_count()), 0)
-    devices = []
-    for i in range(count):
-        entry, err = _safe(lambda i=i: per_device(i))
-        devices.append(entry if entry is not None else {"index": i, "error": err})
-    return devices, None if count else f"device_count() is 0 ({err or 'no devices'})"
-
-
-def _device_name(i: int) -> str | None:
-    fn = getattr(torch.cuda, "get_device_name", None)
-    if fn is not None:
-        return str(fn(i))
-    return getattr(torch.cuda.get_device_properties(i), "name", None)
-
-
-def _nvidia(probe: bool, problems: list[str]) -> dict[str, Any] | None:
-    if not getattr(torch.version, "cuda", None) or getattr(torch.version, "hip", None):
-        return None
-    from ..backends.nvidia_arch import UNSUPPORTED, arch_verdict
-
-    arch_list, err = _safe(lambda: list(torch.cuda.get_arch_list()), [])
-
-    def one(i: int) -> dict[str, Any]:
-        cap = tuple(int(x) for x in torch.cuda.get_device_capability(i))
-        v = arch_verdict(cap, arch_list)  # type: ignore[arg-type]
-        if v.kind == UNSUPPORTED:
-            problems.append(f"cuda:{i}: {v.explanation}")
-        return {
-            "index": i,
-            "name": _device_name(i),
-            "capability": f"{cap[0]}.{cap[1]}",
-            "verdict": {"kind": v.kind, "target": v.target, "explanation": v.explanation, "assumed": v.assumed},
-        }
-
-    devices, note = _cuda_devices(probe, one)
-    return {"arch_list": arch_list, "arch_list_error": err, "devices": devices, "note": note}
-
-
-def _quirk(q: Any) -> dict[str, Any]:
-    return {
-        "id": q.id, "what": q.what, "mitigation": q.mitigation,
-        "references": list(q.references), "applies_when": q.applies_when(),
-    }  # fmt: skip
-
-
-def _rocm(probe: bool) -> dict[str, Any] | None:
-    hip = getattr(torch.version, "hip", None)
-    if not hip:
-        return None
-    from ..backends.rocm import parse_gfx_arch, parse_hip_version, quirks_for
-
-    parsed, parse_err = _safe(lambda: parse_hip_version(hip))
-    arch_list, _ = _safe(lambda: list(torch.cuda.get_arch_list()), [])
-
-    def one(i: int) -> dict[str, Any]:
-        name = getattr(torch.cuda.get_device_properties(i), "gcnArchName", None)
-        gfx, err = _safe(lambda: parse_gfx_arch(name)) if name else (None, "no gcnArchName")
-        quirks = quirks_for(parsed, gfx) if gfx is not None else quirks_for(parsed)
-        return {
-            "index": i,
-            "name": _device_name(i),
-            "gcn_arch": name,
-            "gfx": gfx.name if gfx else None,
-            "features": {k: v for k, v in gfx.features} if gfx else {},
-            "in_build": (gfx.name in {a.split(":")[0] for a in arch_list}) if gfx and arch_list else None,
-            "quirks": [q.id for q in quirks],
-            "error": err,
-        }
-
-    devices, note = _cuda_devices(probe, one)
-    applicable = quirks_for(parsed)  # by version alone: arch-specific ones cannot be ruled out
-    if devices:
-        ids = {q for d in devices for q in d.get("quirks", [])}
-        applicable = [q for q in applicable if q.id in ids]
-    return {
-        "hip_version": hip,
-        "parsed": list(parsed) if parsed else None,
-        "parse_error": parse_err,
-        "arch_list": arch_list,
-        "devices": devices,
-        "note": note,
-        "quirks_scope": "these devices" if devices else "this ROCm version, any arch (devices not checked)",
-        "quirks": [_quirk(q) for q in applicable],
-    }
-
-
-def _xpu(probe: bool) -> dict[str, Any]:
-    from ..backends.xpu import XpuBackend, _accelerator_graph_class
-
-    xpu = getattr(torch, "xpu", None)
-    acc_graph = getattr(getattr(torch, "accelerator", None), "Graph", None) is not None
-    xpu_graph = xpu is not None and hasattr(xpu, "XPUGraph")
-    out: dict[str, Any] = {
-        "available": False,
-        "device_count": 0,
-        "graph_classes": {"torch.accelerator.Graph": acc_graph, "torch.xpu.XPUGraph": xpu_graph},
-        "route": None,
-        "explanation": "",
-        "devices": None,
-        "devices_note": None,
-        "devices_error": None,
-    }
-    available, _ = _safe(lambda: bool(xpu.is_available()) if xpu is not None else False, False)
-    if not available:
-        out["explanation"] = (
-            "no XPU device (torch.xpu.is_available() is False); on an XPU host graphs would use "
-            + ("torch.accelerator.Graph where XPU is registered behind it, else torch.xpu.XPUGraph"
-               if acc_graph or xpu_graph else "the recorder: this torch has no XPU graph class")
-        )  # fmt: skip
-        return out
-    out["available"] = True
-    out["device_count"], _ = _safe(lambda: int(xpu.device_count()), 0)
-    reason = XpuBackend.probe()
-    if reason is not None:
-        out["route"] = "recorder"
-        out["explanation"] = (
-            f"recorder fallback: {reason}. XPU tensors are captured and replayed by the recorder "
-            f"(interpreted replay, not a device graph)"
-        )
-    elif _accelerator_graph_class() is not None:
-        out["route"] = "torch.accelerator.Graph"
-        out["explanation"] = (
-            "native XPU graphs through torch.accelerator.Graph (confirmed at the first capture; "
-            "if XPU turns out not to be registered behind it, torch.xpu.XPUGraph is used)"
-        )
-    else:
-        out["route"] = "torch.xpu.XPUGraph"
-        out["explanation"] = "native XPU graphs through torch.xpu.XPUGraph"
-    out["devices_note"] = None if probe else NOT_CHECKED_XPU
-    if probe:
-        names, err = _safe(lambda: [str(xpu.get_device_name(i)) for i in range(out["device_count"])], [])
-        out["devices"] = names
-        out["devices_error"] = err
-    return out
 
 
 def _allocator(environ: Mapping[str, str], problems: list[str]) -> dict[str, Any]:
@@ -495,7 +297,6 @@ def collect(probe_devices: bool = False, environ: Mapping[str, str] | None = Non
 
     problems: list[str] = []
     cuda_init_before, _ = _safe(lambda: bool(torch.cuda.is_initialized()), False)
-    tv = torch.version
     report: dict[str, Any] = {
         "schema": SCHEMA,
         "schema_version": SCHEMA_VERSION,
@@ -507,25 +308,19 @@ def collect(probe_devices: bool = False, environ: Mapping[str, str] | None = Non
         "cuda_initialized_before": cuda_init_before,
         "torch": _torch_section(),
     }
-    sections: list[tuple[str, Callable[[], Any]]] = [
-        ("versions", lambda: _versions(
-            bool(getattr(tv, "cuda", None)) and not getattr(tv, "hip", None),
-            bool(getattr(tv, "hip", None)), bool(getattr(tv, "xpu", None)))),
-        ("backends", None),  # type: ignore[list-item]
-        ("routing", lambda: _routing(env)),
-        ("nvidia", lambda: _nvidia(probe_devices, problems)),
-        ("rocm", lambda: _rocm(probe_devices)),
-        ("xpu", lambda: _xpu(probe_devices)),
-        ("allocator", lambda: _allocator(env, problems)),
-        ("recorder", lambda: _recorder(env)),
-    ]  # fmt: skip
+    report["versions"] = _versions(problems)
+    got, err = _safe(_backend_entries, ([], []))
+    report["backends"] = got[0]
+    problems.extend(got[1])
+    if err:
+        problems.append(f"doctor could not collect 'backends': {err}")
+    sections: list[tuple[str, Callable[[], Any]]] = [("routing", lambda: _routing(env))]
+    for cls in _sectioned_backends():  # nvidia, rocm, xpu: each native backend's own section
+        key = cls.doctor_key or cls.name
+        sections.append((key, lambda c=cls: c.doctor_section(probe_devices, problems)))
+    sections += [("allocator", lambda: _allocator(env, problems)), ("recorder", lambda: _recorder(env))]
     for key, fn in sections:
-        if key == "backends":
-            got, err = _safe(_backend_entries, ([], []))
-            report["backends"] = got[0]
-            problems.extend(got[1])
-        else:
-            report[key], err = _safe(fn)
+        report[key], err = _safe(fn)
         if err:
             problems.append(f"doctor could not collect {key!r}: {err}")
     if not any(b["usable"] for b in report["backends"]):
@@ -604,35 +399,9 @@ def format_report(r: Mapping[str, Any]) -> str:
         f"{routing.get('device') or '-'} (ACCEL_GRAPH_BACKEND={routing.get('ACCEL_GRAPH_BACKEND') or 'unset'})"
         + (f"; error: {routing['error']}" if routing.get("error") else "")
     )
-    out += ["", "NVIDIA"]
-    nv = r.get("nvidia")
-    if nv is None:
-        out.append("  not a CUDA build of torch: no arch verdicts")
-    else:
-        out.append(f"  arch list: {' '.join(nv.get('arch_list') or []) or '(none)'}")
-        if nv.get("devices") is None:
-            out.append(f"  per-device verdict: {nv.get('note')}")
-        for d in nv.get("devices") or []:
-            v = d.get("verdict") or {}
-            out.append(f"  cuda:{d['index']} {d.get('name')} sm {d.get('capability')}: {v.get('kind')}"
-                       f"{' (assumed)' if v.get('assumed') else ''} - {v.get('explanation') or d.get('error')}")
-    out += ["", "ROCm"]
-    rocm = r.get("rocm")
-    if rocm is None:
-        out.append("  not a ROCm build of torch: no HIP version, gfx arch or quirks")
-    else:
-        out.append(f"  HIP {rocm.get('hip_version')} (parsed {rocm.get('parsed') or rocm.get('parse_error')})")
-        if rocm.get("devices") is None:
-            out.append(f"  gfx arch: {rocm.get('note')}")
-        for d in rocm.get("devices") or []:
-            out.append(f"  cuda:{d['index']} {d.get('gfx') or d.get('error')} ({d.get('gcn_arch')}); "
-                       f"in build: {d.get('in_build')}")
-        out.append(f"  quirks that apply ({rocm.get('quirks_scope')}):")
-        for q in rocm.get("quirks") or []:
-            out.append(f"    {q['id']} [{q['applies_when']}]: {q['mitigation']} ({', '.join(q['references'])})")
-    out += ["", "XPU"]
-    x = r.get("xpu") or {}
-    out.append(f"  route: {x.get('route') or '-'}; {x.get('explanation')}")
+    for cls in _sectioned_backends():  # each backend formats its own section
+        out += ["", cls.doctor_title or cls.name]
+        out += cls.doctor_lines(r.get(cls.doctor_key or cls.name))
     out += ["", "allocator"]
     a = r.get("allocator") or {}
     var = a.get("variable")

@@ -119,7 +119,7 @@ def test_fake_capture_on_default_stream_is_a_capture_error(fake_cuda: FakeCudaMo
     with pytest.raises(CaptureError, match="non-default stream") as info:
         g.capture_begin()
     assert isinstance(info.value, RuntimeError)
-    assert g.state == "empty" and get_backend("cuda")._pools == {}  # nothing leaked
+    assert g.state == "empty" and get_backend("cuda").pools.held() == {}  # nothing leaked
     capture(g, fake_cuda)  # still usable
     assert g.state == "instantiated"
 
@@ -376,7 +376,7 @@ def test_fake_pool_bookkeeping_does_not_grow(fake_cuda: FakeCudaModule) -> None:
         capture(shared, fake_cuda, 64)
         del shared  # freed without reset() (refcount): __del__ releases our bookkeeping
     gc.collect()
-    assert backend._pools == {}
+    assert backend.pools.held() == {}
 
 
 def test_fake_without_graph_pool_handle_learns_torch_pool(
@@ -472,7 +472,7 @@ def test_fake_pool_bookkeeping_random_sequences(ops: list[tuple[str, int]]) -> N
                 g = None  # a dropped graph must be freed by refcount alone
                 holding = [s for s in slots if s is not None and s.state != "empty"]
                 ours = [s.pool().id for s in holding if min(s.pool().id) < 0]
-                assert {k: v.live for k, v in backend._pools.items()} == {
+                assert backend.pools.held() == {
                     k: ours.count(k) for k in set(ours)
                 }
         finally:

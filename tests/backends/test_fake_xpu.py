@@ -148,4 +148,4 @@ def test_fake_xpu_unregistered_accelerator_graph_without_xpugraph(install) -> No
     g = accel_graph.Graph(device="xpu:0")
     with pytest.raises(accel_graph.BackendUnavailable, match="ACCEL_GRAPH_BACKEND=recorder"):
         capture(g, fake)
-    assert g.state == "empty" and get_backend("xpu")._pools == {}
+    assert g.state == "empty" and get_backend("xpu").pools.held() == {}

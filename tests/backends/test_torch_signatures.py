@@ -9,17 +9,17 @@ import inspect
 import pytest
 import torch
 
-from accel_graph.backends._torch_graphs import _begin_params
+from accel_graph.backends.native import capture_begin_params
 
 
 def test_cuda_graph_capture_begin_takes_pool_and_mode() -> None:
-    params = _begin_params(torch.cuda.CUDAGraph)
+    params = capture_begin_params(torch.cuda.CUDAGraph)
     assert {"pool", "capture_error_mode"} <= params
 
 
 @pytest.mark.skipif(not hasattr(torch.xpu, "XPUGraph"), reason="torch < 2.11 has no XPUGraph")
 def test_xpu_graph_capture_begin_takes_only_pool() -> None:
-    assert _begin_params(torch.xpu.XPUGraph) == {"pool"}
+    assert capture_begin_params(torch.xpu.XPUGraph) == {"pool"}
 
 
 @pytest.mark.skipif(
@@ -27,7 +27,7 @@ def test_xpu_graph_capture_begin_takes_only_pool() -> None:
     reason="torch < 2.12 has no torch.accelerator.Graph",
 )
 def test_accelerator_graph_takes_pool_and_mode_somewhere() -> None:
-    begin = _begin_params(torch.accelerator.Graph)
+    begin = capture_begin_params(torch.accelerator.Graph)
     init = set(inspect.signature(torch.accelerator.Graph).parameters)
     # 2.12/2.13: both on the constructor; upstream main moves the mode to capture_begin.
     assert "pool" in init | begin and "capture_error_mode" in init | begin

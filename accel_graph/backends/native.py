@@ -1,11 +1,17 @@
-"""Shared adapter over torch's own graph classes (``torch.cuda.CUDAGraph``, ``torch.xpu.XPUGraph``,
-``torch.accelerator.Graph``), so the cuda, hip and xpu backends only state their differences.
+"""The native graph backends' shared base: :class:`NativeGraphBackend` and :class:`NativeGraphImpl`,
+over torch's own graph classes (``torch.cuda.CUDAGraph``, ``torch.xpu.XPUGraph``,
+``torch.accelerator.Graph``). The cuda, hip and xpu backends subclass the backend and state only
+their differences.
 
-Everything vendor-specific is reached through ``self.module`` (``torch.cuda`` or ``torch.xpu``,
-looked up when called, never at import) and a few hooks a subclass overrides. Every torch API is
-feature-detected: GPU hosts may run torch 2.11.
+The split follows tinygrad's ``alloc``/``_alloc`` and RMM's ``allocate``/``do_allocate``: the
+base owns the policy (probe order, nested-capture refusal, the current-device check, capture
+modes, pool bookkeeping, the impl's lifecycle and its error messages); a subclass fills the
+*mechanism hooks* listed under "mechanism hooks" in :class:`NativeGraphBackend`, each with its
+contract. Everything vendor-specific is reached through ``self.module`` (``torch.cuda`` or
+``torch.xpu``, looked up when called, never at import). Every torch API is feature-detected: GPU
+hosts may run torch 2.11.
 
-Pool handles and pool memory live in :mod:`._torch_pools`.
+Pool handles and pool memory live in :mod:`.native_pools` (``backend.pools``).
 """
 
 from __future__ import annotations
@@ -19,13 +25,21 @@ import warnings
 import weakref
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
 from ..errors import AccelGraphError, BackendUnavailable, CaptureError, ConfigError
-from ._torch_pools import TorchPools
-from .base import CAPTURE_ERROR_MODES, Backend, Capabilities, DeviceSpec, GraphImpl, PoolHandle
+from .base import (
+    CAPTURE_ERROR_MODES,
+    Backend,
+    Capabilities,
+    DeviceSpec,
+    GraphImpl,
+    PoolHandle,
+    PoolStats,
+)
+from .native_pools import NativePoolTable
 
 #: What torch.cuda.CUDAGraph gives the cuda and hip backends (HIP reuses the CUDA API).
 CUDA_GRAPH_CAPABILITIES = Capabilities(
@@ -40,11 +54,12 @@ CUDA_GRAPH_CAPABILITIES = Capabilities(
 def begin_params(graph: Any) -> frozenset[str]:
     """Keyword arguments ``graph.capture_begin`` accepts (torch 2.11 lacks some; XPU takes only
     ``pool``; ``torch.accelerator.Graph`` in 2.13 takes none and reads attributes instead)."""
-    return _begin_params(type(graph))
+    return capture_begin_params(type(graph))
 
 
 @functools.lru_cache(maxsize=32)
-def _begin_params(cls: type) -> frozenset[str]:
+def capture_begin_params(cls: type) -> frozenset[str]:
+    """Keyword arguments ``cls.capture_begin`` accepts (cached per class)."""
     try:
         return frozenset(inspect.signature(cls.capture_begin).parameters) - {"self"}
     except (TypeError, ValueError):  # a C function without a signature: assume torch's CUDA form
@@ -68,11 +83,13 @@ def _hint(exc: BaseException) -> str:
     )
 
 
-class TorchGraphImpl(GraphImpl):
+class NativeGraphImpl(GraphImpl):
     """One graph on a torch graph class. Holds a torch graph object only while captured; each
-    capture uses a fresh one, so an aborted capture never leaves a half-used object behind."""
+    capture uses a fresh one, so an aborted capture never leaves a half-used object behind.
 
-    def __init__(self, backend: TorchGraphBackend, device: DeviceSpec, *, keep_graph: bool) -> None:
+    Calls only the backend's policy methods, its mechanism hooks and ``backend.pools``."""
+
+    def __init__(self, backend: NativeGraphBackend, device: DeviceSpec, *, keep_graph: bool) -> None:
         super().__init__(device, keep_graph=keep_graph)
         self._backend = backend
         self._graph: Any = None
@@ -83,26 +100,26 @@ class TorchGraphImpl(GraphImpl):
         self._debug = False
 
     def capture_begin(self, pool: PoolHandle | None, capture_error_mode: str) -> None:
-        b = self._backend
+        b, pools = self._backend, self._backend.pools
         b.refuse_nested(self.device)
         b.check_current_device(self.device)
         mode = b.vendor_mode(capture_error_mode)
         if pool is None:
-            pool = b.private_pool_handle(self.device)
-        torch_id = b.pool_torch_id(pool)
+            pool = pools.private_handle(self.device)
+        torch_id = pools.torch_id(pool)
         try:
-            self._before = 0 if torch_id is None else b.pool_reserved(torch_id, self.device)
+            self._before = 0 if torch_id is None else pools.reserved(torch_id, self.device)
             graph = b.new_torch_graph(self.keep_graph, torch_id, mode)
             if self._debug:
                 graph.enable_debug_mode()
-            b.begin(graph, torch_id, mode)
+            b.begin_capture(graph, torch_id, mode)
         except BaseException as exc:
-            b.pool_unused(pool)  # no graph holds it: forget the bookkeeping entry
+            pools.unused(pool)  # no graph holds it: forget the bookkeeping entry
             if isinstance(exc, RuntimeError) and not isinstance(exc, AccelGraphError):
                 raise CaptureError(f"capture_begin on {self.device} failed: {exc}. {_hint(exc)}") from exc
             raise
         self._graph, self._handle, self._torch_id = graph, pool, torch_id
-        b.pool_captured(pool)
+        pools.captured(pool)
         b.capture_started(self)
 
     def pool(self) -> PoolHandle:
@@ -120,10 +137,10 @@ class TorchGraphImpl(GraphImpl):
                 f"run it under the recorder backend (device='cpu') to find the op"
             ) from exc
         if self._torch_id is None and self._handle is not None:
-            self._torch_id = self._backend.pool_learned(self._handle, self._graph)
+            self._torch_id = self._backend.pools.learned(self._handle, self._graph)
         after = None
         if self._torch_id is not None:
-            after = self._backend.pool_reserved(self._torch_id, self.device)
+            after = self._backend.pools.reserved(self._torch_id, self.device)
         self._bytes = None if after is None or self._before is None else after - self._before
         if not self.keep_graph:
             self._bind_replay()
@@ -160,14 +177,14 @@ class TorchGraphImpl(GraphImpl):
         graph, self._graph = self._graph, None
         self.__dict__.pop("replay", None)
         if graph is not None:
-            self._backend.before_release(self.device)
+            self._backend.before_reset(self.device)
             graph.reset()
             self._release()
         self._bytes = None
 
     def _release(self) -> None:
         if self._handle is not None:
-            self._backend.pool_released(self._handle)
+            self._backend.pools.released(self._handle)
         self._handle = self._torch_id = None
 
     def __del__(self) -> None:
@@ -185,7 +202,7 @@ class TorchGraphImpl(GraphImpl):
 
     def debug_dump(self, path: str) -> None:
         if self._debug or self.keep_graph:
-            self._backend.dump(self._graph, path)
+            self._backend.dump_graph(self._graph, path)
             return
         # torch keeps nothing to dump unless debug mode was on before capture: say so in a DOT
         # file rather than leave a missing file behind torch's warning.
@@ -204,33 +221,127 @@ class TorchGraphImpl(GraphImpl):
         return self._bytes
 
 
-class TorchGraphBackend(TorchPools, Backend):
-    """Mechanism shared by backends built on a torch graph class. Subclasses set ``module_name``
-    (``"cuda"``/``"xpu"``) and override the hooks below where their vendor differs."""
+class NativeGraphBackend(Backend):
+    """Base of the backends built on a torch graph class (cuda, hip, xpu).
 
-    module_name: str = "cuda"
+    A subclass sets the class attributes below and overrides the mechanism hooks where its
+    vendor differs; the base's defaults are ``torch.cuda.CUDAGraph``'s behaviour. Everything
+    else here is policy, which subclasses do not override: it is what makes the three backends
+    behave the same (refusals, messages, bookkeeping).
+
+    ``pools`` (a :class:`~.native_pools.NativePoolTable`) holds the pool bookkeeping; the
+    :class:`Backend` pool methods delegate to it.
+    """
+
+    #: ``torch.<module_name>`` is the vendor module: ``"cuda"`` (also on ROCm) or ``"xpu"``.
+    module_name: ClassVar[str] = "cuda"
     #: The vendor's own default capture mode, used for ``capture_error_mode="default"``.
-    vendor_default_mode: str = "global"
+    vendor_default_mode: ClassVar[str] = "global"
+    #: Why ``torch.<module_name>.is_available()`` may be False here, for the probe's reason.
+    no_device_reason: ClassVar[str] = "no visible device"
 
     def __init__(self) -> None:
-        super().__init__()
+        self.pools = NativePoolTable(self.name, lambda: self.module)
+        self._lock = threading.Lock()  # guards the per-device caches below
         self._specs: dict[int, DeviceSpec] = {}
         self._streams: dict[int, Any] = {}
         # thread id -> the capture it began; weak, so a dropped Graph does not block the thread
-        self._capturing: weakref.WeakValueDictionary[int, TorchGraphImpl] = (
+        self._capturing: weakref.WeakValueDictionary[int, NativeGraphImpl] = (
             weakref.WeakValueDictionary()
         )
 
+    @property
+    def module(self) -> Any:
+        """``torch.cuda`` or ``torch.xpu`` (looked up per call so tests can substitute fakes)."""
+        return getattr(torch, self.module_name)
+
+    # -- policy: probe ---------------------------------------------------------------------
+    @classmethod
+    def probe(cls) -> str | None:
+        """The build check (:meth:`probe_build`), then the vendor module and
+        ``is_available()``, then the graph class (:meth:`probe_graph_class`). Never initialises
+        a device: ``is_available()`` does not."""
+        reason = cls.probe_build()
+        if reason is not None:
+            return reason
+        mod = getattr(torch, cls.module_name, None)
+        if mod is None:
+            return f"torch {torch.__version__} has no torch.{cls.module_name} module"
+        if not mod.is_available():
+            return f"torch.{cls.module_name}.is_available() is False ({cls.no_device_reason})"
+        return cls.probe_graph_class(mod)
+
+    # -- mechanism hooks: a subclass overrides these where its vendor differs ---------------
+    @classmethod
+    def probe_build(cls) -> str | None:
+        """Why this torch build is not one this backend serves (None: it is). Called first by
+        :meth:`probe`; must be cheap and must not raise (cuda refuses ROCm builds here)."""
+        return None
+
+    @classmethod
+    def probe_graph_class(cls, module: Any) -> str | None:
+        """Why ``module`` (the vendor module, available) offers no graph class (None: it does).
+        Must not construct a graph or touch a device."""
+        if hasattr(module, "CUDAGraph"):
+            return None
+        return f"torch.{cls.module_name}.CUDAGraph is missing from this torch build"
+
+    def capabilities(self) -> Capabilities:
+        """Static capabilities; torch.cuda.CUDAGraph's by default."""
+        return CUDA_GRAPH_CAPABILITIES
+
+    def device_arch(self, index: int) -> str | None:
+        """The arch string for ``DeviceSpec.arch`` of device ``index`` (``"sm_90"``,
+        ``"gfx942"``), None when unknown. Called once per device; may start the runtime."""
+        return None
+
+    def check_device_usable(self, spec: DeviceSpec) -> None:
+        """Called by ``new_graph`` before a graph is made on ``spec``: raise
+        ``BackendUnavailable`` if graphs cannot run there (cuda: arch verdict), or warn."""
+
+    def new_torch_graph(self, keep_graph: bool, torch_id: tuple[int, int] | None, mode: str) -> Any:
+        """A fresh torch graph object for one capture. ``torch_id`` is the torch pool id the
+        capture goes into (None: torch picks), ``mode`` the vendor capture mode. A
+        ``RuntimeError`` becomes ``CaptureError``."""
+        return self.module.CUDAGraph(keep_graph)
+
+    def begin_capture(self, graph: Any, torch_id: tuple[int, int] | None, mode: str) -> None:
+        """Start capture on ``graph`` (from :meth:`new_torch_graph`) into ``torch_id`` with
+        ``mode``, passing whichever keywords this torch accepts. A ``RuntimeError`` becomes
+        ``CaptureError`` with a hint; the pool entry is forgotten either way."""
+        params = begin_params(graph)
+        kwargs: dict[str, Any] = {}
+        if "pool" in params:
+            kwargs["pool"] = torch_id
+        if "capture_error_mode" in params:
+            kwargs["capture_error_mode"] = mode
+        graph.capture_begin(**kwargs)
+
+    def before_reset(self, device: DeviceSpec) -> None:  # noqa: B027 - hip overrides
+        """Called just before ``reset()`` drops a graph executable on ``device`` (hip
+        synchronizes here). May run inside another capture: must not synchronize then."""
+
+    def dump_graph(self, graph: Any, path: str) -> None:
+        """Write torch's DOT dump of ``graph`` to ``path``."""
+        graph.debug_dump(path)
+
+    def describe(self) -> Iterator[tuple[str, str]]:
+        """Doctor facts: torch, the vendor module, the device count. Subclasses add theirs
+        after ``yield from super().describe()``. Must not raise."""
+        facts = [("torch", torch.__version__), ("torch module", f"torch.{self.module_name}")]
+        try:
+            facts.append(("device_count", str(self.module.device_count())))
+        except Exception as exc:
+            facts.append(("device_count", f"unknown ({exc})"))
+        return iter(facts)
+
+    # -- policy: capture (called by NativeGraphImpl) ------------------------------------------
     def refuse_nested(self, device: DeviceSpec) -> None:
         """Raise ``CaptureError`` when this thread or the current stream is already capturing.
 
         Checked before anything touches the device: the synchronize of ``prepare_capture``
         inside a capture would invalidate the outer capture, and torch's own error comes only
-        after that damage. Also refuses capture under a whole-process allocator swap, whose
-        graph-pool hooks torch keeps C++-only."""
-        from ..allocator.core.plugin import check_capture_allowed  # light: no engine, no CUDA
-
-        check_capture_allowed(device)
+        after that damage."""
         outer = self._capturing.get(threading.get_ident())
         if outer is None and not self.is_current_stream_capturing(device):
             return
@@ -241,50 +352,17 @@ class TorchGraphBackend(TorchPools, Backend):
             f"its `with accel_graph.graph(...)` block)"
         )
 
-    def capture_started(self, impl: TorchGraphImpl) -> None:
+    def capture_started(self, impl: NativeGraphImpl) -> None:
+        """``impl`` began capturing on this thread."""
         self._capturing[threading.get_ident()] = impl
 
-    def capture_stopped(self, impl: TorchGraphImpl) -> None:
+    def capture_stopped(self, impl: NativeGraphImpl) -> None:
+        """``impl``'s capture ended or was aborted."""
         # capture_end may run on another thread than capture_begin: find the entry by impl.
         for tid, active in list(self._capturing.items()):
             if active is impl:
                 self._capturing.pop(tid, None)
 
-    @property
-    def module(self) -> Any:
-        """``torch.cuda`` or ``torch.xpu`` (looked up per call so tests can substitute fakes)."""
-        return getattr(torch, self.module_name)
-
-    # -- hooks ---------------------------------------------------------------------------
-    def device_arch(self, index: int) -> str | None:
-        """The arch string for ``DeviceSpec.arch``; None when unknown."""
-        return None
-
-    def check_device_usable(self, spec: DeviceSpec) -> None:
-        """Raise ``BackendUnavailable`` if graphs cannot run on ``spec`` (cuda: arch verdict)."""
-
-    def new_torch_graph(self, keep_graph: bool, torch_id: tuple[int, int] | None, mode: str) -> Any:
-        """A fresh torch graph object."""
-        return self.module.CUDAGraph(keep_graph)
-
-    def begin(self, graph: Any, torch_id: tuple[int, int] | None, mode: str) -> None:
-        """Start capture on ``graph`` with whichever keywords this torch accepts."""
-        params = begin_params(graph)
-        kwargs: dict[str, Any] = {}
-        if "pool" in params:
-            kwargs["pool"] = torch_id
-        if "capture_error_mode" in params:
-            kwargs["capture_error_mode"] = mode
-        graph.capture_begin(**kwargs)
-
-    def before_release(self, device: DeviceSpec) -> None:  # noqa: B027 - hip overrides
-        """Called before ``reset()`` drops a graph executable (hip synchronizes here)."""
-
-    def dump(self, graph: Any, path: str) -> None:
-        """Write torch's DOT dump of ``graph`` to ``path``."""
-        graph.debug_dump(path)
-
-    # -- modes, devices, streams -----------------------------------------------------------
     def vendor_mode(self, mode: str) -> str:
         """Map our ``capture_error_mode`` onto the vendor's, warning where it is ignored."""
         honoured = self.capabilities().capture_error_modes
@@ -297,6 +375,17 @@ class TorchGraphBackend(TorchPools, Backend):
             mode = "default"
         return self.vendor_default_mode if mode == "default" else mode
 
+    def check_current_device(self, spec: DeviceSpec) -> None:
+        """Raise ``CaptureError`` unless ``spec`` is the current device (torch captures there)."""
+        current = int(self.module.current_device())
+        if current != spec.index:
+            raise CaptureError(
+                f"capture_begin for a graph on {spec}, but the current device is "
+                f"{spec.device_type}:{current}; capture with `with accel_graph.graph(g): ...` "
+                f"(it switches to the graph's device) or make {spec.device_type}:{spec.index} current"
+            )
+
+    # -- the Backend contract ----------------------------------------------------------------
     def device_spec(self, device: torch.device) -> DeviceSpec:
         mod = self.module
         if device.type not in self.device_types:
@@ -319,15 +408,6 @@ class TorchGraphBackend(TorchPools, Backend):
         spec = self._specs[index] = DeviceSpec(self.name, device.type, index, self.device_arch(index))
         return spec
 
-    def check_current_device(self, spec: DeviceSpec) -> None:
-        current = int(self.module.current_device())
-        if current != spec.index:
-            raise CaptureError(
-                f"capture_begin for a graph on {spec}, but the current device is "
-                f"{spec.device_type}:{current}; capture with `with accel_graph.graph(g): ...` "
-                f"(it switches to the graph's device) or make {spec.device_type}:{spec.index} current"
-            )
-
     def new_graph(self, device: DeviceSpec, *, keep_graph: bool, **options: Any) -> GraphImpl:
         compile_ = options.pop("compile", None)
         if options:
@@ -339,7 +419,16 @@ class TorchGraphBackend(TorchPools, Backend):
                 stacklevel=3,
             )
         self.check_device_usable(device)
-        return TorchGraphImpl(self, device, keep_graph=keep_graph)
+        return NativeGraphImpl(self, device, keep_graph=keep_graph)
+
+    def graph_pool_handle(self, device: DeviceSpec) -> PoolHandle:
+        return self.pools.new_handle(device)
+
+    def resolve_pool(self, pool: object, device: DeviceSpec) -> PoolHandle:
+        return self.pools.resolve(pool, device)
+
+    def pool_stats(self, pool: PoolHandle) -> PoolStats | None:
+        return self.pools.stats(pool)
 
     def synchronize(self, device: DeviceSpec) -> None:
         self.module.synchronize(device.index)
@@ -386,11 +475,3 @@ class TorchGraphBackend(TorchPools, Backend):
         host = getattr(torch._C, "_host_emptyCache", None) if self.module_name == "cuda" else None
         if host is not None:
             host()  # as torch.cuda.graph does: pinned host blocks cached before capture
-
-    def describe(self) -> Iterator[tuple[str, str]]:
-        facts = [("torch", torch.__version__), ("torch module", f"torch.{self.module_name}")]
-        try:
-            facts.append(("device_count", str(self.module.device_count())))
-        except Exception as exc:
-            facts.append(("device_count", f"unknown ({exc})"))
-        return iter(facts)

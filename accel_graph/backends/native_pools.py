@@ -1,4 +1,5 @@
-"""Pool handles and pool memory for the backends built on torch graph classes.
+"""Pool handles and pool memory of the native backends: :class:`NativePoolTable`, held by each
+:class:`~accel_graph.backends.native.NativeGraphBackend` as ``backend.pools``.
 
 Our handles use *negative* ids, ``(0, -n)`` for user handles and ``(-n, 0)`` for a graph's
 private pool, because torch's own ids are positive and come from two independent counters (user
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,13 +39,18 @@ class _Pool:
     live: int = 0  # captured graphs currently holding this pool
 
 
-class TorchPools:
-    """Mixin for :class:`._torch_graphs.TorchGraphBackend`: needs ``name`` and ``module``."""
+class NativePoolTable:
+    """The pools of one native backend: our handles, the torch pool id each maps to, and how many
+    captured graphs hold each pool. Composed into the backend (``backend.pools``), which keeps
+    the :class:`~accel_graph.backends.base.Backend` pool methods and delegates here.
 
-    name: Any
-    module: Any
+    ``module`` returns ``torch.cuda`` or ``torch.xpu`` when called (looked up per call so tests
+    can substitute fakes). Thread-safe.
+    """
 
-    def __init__(self) -> None:
+    def __init__(self, backend_name: str, module: Callable[[], Any]) -> None:
+        self.backend_name = backend_name
+        self._module = module
         # Reentrant: a graph's __del__ releases its pool and may run from a garbage collection
         # triggered while this thread already holds the lock.
         self._lock = threading.RLock()
@@ -51,18 +58,29 @@ class TorchPools:
         # torch's own ids we captured into, with their device (kept: torch owns their lifetime)
         self._foreign: dict[tuple[int, int], _Pool] = {}
 
-    # -- pools ---------------------------------------------------------------------------
-    def graph_pool_handle(self, device: DeviceSpec) -> PoolHandle:
-        # Nothing is registered until a capture uses the handle.
-        return PoolHandle(self.name, device, (0, -next(_our_ids)))
+    def held(self) -> dict[tuple[int, int], int]:
+        """Our handles' ids that have a bookkeeping entry -> how many captured graphs hold them.
 
-    def private_pool_handle(self, device: DeviceSpec) -> PoolHandle:
+        An entry exists only while a graph holds the pool (or a capture into it is beginning),
+        so an empty dict means nothing leaked."""
+        with self._lock:
+            return {k: v.live for k, v in self._pools.items()}
+
+    # -- handles ---------------------------------------------------------------------------
+    def new_handle(self, device: DeviceSpec) -> PoolHandle:
+        """A new user pool handle (``Backend.graph_pool_handle``). Nothing is registered until
+        a capture uses it."""
+        return PoolHandle(self.backend_name, device, (0, -next(_our_ids)))
+
+    def private_handle(self, device: DeviceSpec) -> PoolHandle:
         """A new private pool for one graph's capture (torch's ``(k, 0)`` shape, our sign)."""
-        return PoolHandle(self.name, device, (-next(_our_ids), 0))
+        return PoolHandle(self.backend_name, device, (-next(_our_ids), 0))
 
-    def resolve_pool(self, pool: object, device: DeviceSpec) -> PoolHandle:
+    def resolve(self, pool: object, device: DeviceSpec) -> PoolHandle:
+        """``Backend.resolve_pool``: our handle, or torch's id / ``MemPool``, as a valid handle
+        on ``device``; ``PoolError`` otherwise."""
         if isinstance(pool, PoolHandle):
-            if pool.backend != self.name:
+            if pool.backend != self.backend_name:
                 raise PoolError(
                     f"pool handle {pool!r} belongs to the {pool.backend} backend, but this graph "
                     f"is on {device}; create one with accel_graph.graph_pool_handle(device="
@@ -83,11 +101,11 @@ class TorchPools:
             entry = self._pools.get(raw)
             if entry is None:
                 raise PoolError(
-                    f"pool id {raw} names no live pool of the {self.name} backend; pass the "
+                    f"pool id {raw} names no live pool of the {self.backend_name} backend; pass the "
                     f"PoolHandle object itself (accel_graph.graph_pool_handle() or Graph.pool())"
                 )
             self._same_device(entry.device, device, pool)
-            return PoolHandle(self.name, entry.device, raw)
+            return PoolHandle(self.backend_name, entry.device, raw)
         if (raw[0] == 0) == (raw[1] == 0):
             raise PoolError(
                 f"pool id {raw} is not a torch pool id: exactly one element must be non-zero "
@@ -97,7 +115,7 @@ class TorchPools:
         seen = self._foreign.get(raw)
         if seen is not None:
             self._same_device(seen.device, device, pool)
-        return PoolHandle(self.name, device, raw)
+        return PoolHandle(self.backend_name, device, raw)
 
     @staticmethod
     def _same_device(have: DeviceSpec, want: DeviceSpec, pool: object) -> None:
@@ -113,7 +131,8 @@ class TorchPools:
     def _ours(handle: PoolHandle) -> bool:
         return handle.id[0] < 0 or handle.id[1] < 0
 
-    def pool_torch_id(self, handle: PoolHandle) -> tuple[int, int] | None:
+    # -- capture lifecycle (called by NativeGraphImpl) ---------------------------------------
+    def torch_id(self, handle: PoolHandle) -> tuple[int, int] | None:
         """The torch pool id a capture into ``handle`` uses (None: let torch pick, learn later).
 
         An entry exists only while a graph holds the pool; when the last one is released the
@@ -133,10 +152,10 @@ class TorchPools:
             return entry.torch_id
 
     def _fresh_torch_id(self) -> tuple[int, int] | None:
-        make = getattr(self.module, "graph_pool_handle", None)
+        make = getattr(self._module(), "graph_pool_handle", None)
         return None if make is None else tuple(make())  # type: ignore[return-value]
 
-    def pool_learned(self, handle: PoolHandle, graph: Any) -> tuple[int, int] | None:
+    def learned(self, handle: PoolHandle, graph: Any) -> tuple[int, int] | None:
         """Record the id torch picked for a capture that had none (stacks without
         ``graph_pool_handle``)."""
         try:
@@ -149,7 +168,7 @@ class TorchPools:
                 entry.torch_id = tid
         return tid
 
-    def pool_captured(self, handle: PoolHandle) -> None:
+    def captured(self, handle: PoolHandle) -> None:
         """A capture into ``handle`` has begun (the graph now holds the pool)."""
         with self._lock:
             if self._ours(handle):
@@ -157,14 +176,14 @@ class TorchPools:
             else:
                 self._foreign.setdefault(handle.id, _Pool(handle.device, handle.id)).live += 1
 
-    def pool_unused(self, handle: PoolHandle) -> None:
+    def unused(self, handle: PoolHandle) -> None:
         """A capture into ``handle`` failed to begin: forget an entry no graph holds."""
         with self._lock:
             entry = self._pools.get(handle.id)
             if entry is not None and entry.live <= 0:
                 del self._pools[handle.id]
 
-    def pool_released(self, handle: PoolHandle) -> None:
+    def released(self, handle: PoolHandle) -> None:
         """A graph holding ``handle`` was reset, aborted or collected."""
         with self._lock:
             book = self._pools if self._ours(handle) else self._foreign
@@ -176,7 +195,7 @@ class TorchPools:
 
     def _segments(self, torch_id: tuple[int, int], index: int | None) -> list[dict] | None:
         """Segments of one torch pool on one device from torch's snapshot; None if unavailable."""
-        mod = self.module
+        mod = self._module()
         segs = None
         snap = getattr(mod, "memory_snapshot", None)
         if snap is not None:
@@ -205,12 +224,14 @@ class TorchPools:
             out.append(s)
         return out
 
-    def pool_reserved(self, torch_id: tuple[int, int], device: DeviceSpec) -> int | None:
+    # -- memory ----------------------------------------------------------------------------
+    def reserved(self, torch_id: tuple[int, int], device: DeviceSpec) -> int | None:
         """Bytes of segments torch's pool ``torch_id`` holds on ``device``; None if unknown."""
         segs = self._segments(torch_id, device.index)
         return None if segs is None else sum(int(s.get("total_size", 0)) for s in segs)
 
-    def pool_stats(self, pool: PoolHandle) -> PoolStats | None:
+    def stats(self, pool: PoolHandle) -> PoolStats | None:
+        """``Backend.pool_stats``: the pool's segments as torch's snapshot reports them."""
         with self._lock:
             entry = (self._pools if self._ours(pool) else self._foreign).get(pool.id)
         if self._ours(pool) and (entry is None or entry.torch_id is None):
