@@ -106,7 +106,7 @@ def make_requests(seed: int, count: int, max_batch: int, vocab: int) -> list[tor
 def _check_tokens(prompt_len: int, eager: torch.Tensor, graph: torch.Tensor,
                   logits: list[torch.Tensor]) -> tuple[int, int, list[dict[str, Any]]]:
     """(tokens compared, near-ties, unexplained mismatches) for one request."""
-    from ..testing.tolerances import tolerance_for
+    from ..tolerances import tolerance_for
 
     tol = tolerance_for(torch.float32)
     compared, ties, bad = 0, 0, []

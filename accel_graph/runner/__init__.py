@@ -1,14 +1,23 @@
-"""Bucketed graph capture for inference servers: :class:`GraphRunner` and ladder helpers."""
+"""Bucketed graph capture for inference servers: :class:`GraphRunner` and ladder helpers.
+
+Modules: ``core`` (GraphRunner: construction and serving), ``runtime`` (RunnerRuntime, the
+runner's whole state, and Bucket), ``capture`` (capture_buckets over a runtime), ``reports``
+(memory_report/stats from a runtime), ``verify`` (first-replay verification), ``inputs``
+(static inputs), ``buckets`` (ladders), ``support`` (small helpers).
+"""
 
 from .buckets import BucketSuggestion, default_ladder, suggest_buckets
 from .core import GraphRunner
 from .reports import MEMORY_SCHEMA, STATS_SCHEMA
+from .runtime import Bucket, RunnerRuntime
 
 __all__ = [
     "MEMORY_SCHEMA",
     "STATS_SCHEMA",
+    "Bucket",
     "BucketSuggestion",
     "GraphRunner",
+    "RunnerRuntime",
     "default_ladder",
     "suggest_buckets",
 ]

@@ -6,25 +6,30 @@ capture largest-first into one shared pool with Python's GC off, pad each live b
 smallest bucket that fits, replay, slice the outputs; eager above the top bucket. On top of it:
 per-bucket memory from the allocator, a memory budget, eager-vs-replay verification of each
 bucket's first replay, and eager fallback (logged) instead of aborting.
+
+The runner's whole state is one :class:`~accel_graph.runner.runtime.RunnerRuntime`
+(``runner.runtime``); this module builds it and serves calls from it, :mod:`.capture` captures
+into it and :mod:`.reports` reads it.
 """
 
 from __future__ import annotations
 
 import logging
-from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
 
+from ..backends import select_backend
 from ..errors import AccelGraphError, ConfigError
 from ..frontend import Graph
 from .buckets import default_ladder, validate_ladder
-from .capture import CaptureMixin
+from .capture import capture_buckets, disable_bucket
 from .inputs import InputSpec, broadcast, leaf_names
 from .reports import memory_report, stats
-from .support import Bucket, fits
+from .runtime import Bucket, RunnerRuntime
+from .support import fits
 from .verify import UndoLog, compare
 
 __all__ = ["GraphRunner"]
@@ -32,7 +37,20 @@ __all__ = ["GraphRunner"]
 log = logging.getLogger("accel_graph")
 
 
-class GraphRunner(CaptureMixin):
+def _forwarded(name: str, doc: str, *, settable: bool = False) -> property:
+    """A runner attribute that reads (and, if ``settable``, writes) field ``name`` of its
+    runtime, so the state has one home and the runner's attributes stay as they were."""
+
+    def get(self: GraphRunner) -> Any:
+        return getattr(self._runtime, name)
+
+    def set_(self: GraphRunner, value: Any) -> None:
+        setattr(self._runtime, name, value)
+
+    return property(get, set_ if settable else None, doc=doc)
+
+
+class GraphRunner:
     """Serve ``fn`` from one captured graph per batch-size bucket.
 
     Args:
@@ -59,7 +77,7 @@ class GraphRunner(CaptureMixin):
         device: default: the device of the example inputs.
         compile: passed to every :class:`~accel_graph.Graph` (``"inductor"`` on the recorder).
         verify: compare each bucket's first replay with eager at the padded shape, under the
-            per-dtype tolerances of :mod:`accel_graph.testing.tolerances`; a mismatch disables
+            per-dtype tolerances of :mod:`accel_graph.tolerances`; a mismatch disables
             the bucket (its calls run eagerly).
         strict: raise instead of falling back to eager (failed capture, verification mismatch,
             batch above the largest bucket).
@@ -71,6 +89,10 @@ class GraphRunner(CaptureMixin):
 
     Calls run under ``torch.no_grad()``; ``capture()`` runs ``fn`` eagerly once per bucket
     (warm-up), so state ``fn`` mutates is touched then. Not thread-safe: one caller at a time.
+
+    The backend is routed at construction (:func:`accel_graph.backends.select_backend`, as a
+    :class:`~accel_graph.Graph` on the runner's device would be), so ``runner.runtime.backend``
+    exists before ``capture()``; routing errors (``BackendUnavailable``) raise here.
     """
 
     def __init__(
@@ -96,76 +118,97 @@ class GraphRunner(CaptureMixin):
     ) -> None:
         if not callable(fn):
             raise ConfigError(f"fn must be callable, got {type(fn).__name__}")
-        self.fn = fn
         if buckets is None:
             if max_batch is None:
                 raise ConfigError(
                     "give buckets=[...] or max_batch=N (the default ladder is 1, 2, 4, 8, 16, 24, "
                     "... up to N, as vLLM's)"
                 )
-            self.buckets = default_ladder(max_batch)
+            ladder = default_ladder(max_batch)
         else:
-            self.buckets = validate_ladder(buckets, max_batch)
+            ladder = validate_ladder(buckets, max_batch)
         if memory_budget is not None and (
             isinstance(memory_budget, bool) or not isinstance(memory_budget, int) or memory_budget <= 0
         ):
             raise ConfigError(f"memory_budget must be a positive number of bytes, got {memory_budget!r}")
-        self.memory_budget = memory_budget
-        self.verify, self.strict, self.copy_outputs = bool(verify), bool(strict), bool(copy_outputs)
-        self.progress = progress
-        self.compile = compile
-        self.max_bucket = self.buckets[-1]
 
         args = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
         kwargs = dict(example_kwargs or {})
-        leaves, self._in_spec = pytree.tree_flatten((args, kwargs))
+        leaves, in_spec = pytree.tree_flatten((args, kwargs))
         if not leaves:
             raise ConfigError("example_inputs has no tensors; GraphRunner needs at least one input")
         first = next((x for x in leaves if isinstance(x, torch.Tensor)), None)
         if first is None:
             raise ConfigError("example_inputs holds no tensor")
-        self.device = torch.device(device) if device is not None else first.device
-        if self.device.type != "cpu" and self.device.index is None and first.device.type == self.device.type:
-            self.device = first.device
+        dev = torch.device(device) if device is not None else first.device
+        if dev.type != "cpu" and dev.index is None and first.device.type == dev.type:
+            dev = first.device
         names = leaf_names(args, kwargs)
-        dims = broadcast(batch_dim, self._in_spec, "batch_dim", 0)
-        pads = broadcast(pad_value, self._in_spec, "pad_value", 0)
-        idx = broadcast(pad_index, self._in_spec, "pad_index", None)
-        self.inputs = [
-            InputSpec.build(nm, x, d, p, i, self.max_bucket, self.device)
+        dims = broadcast(batch_dim, in_spec, "batch_dim", 0)
+        pads = broadcast(pad_value, in_spec, "pad_value", 0)
+        idx = broadcast(pad_index, in_spec, "pad_index", None)
+        inputs = [
+            InputSpec.build(nm, x, d, p, i, ladder[-1], dev)
             for nm, x, d, p, i in zip(names, leaves, dims, pads, idx)
         ]
-        self._examples = [x.detach() for x in leaves]
-        for s in self.inputs:  # views per live batch size, so a call slices nothing
-            s.live = [s.view(n) for n in range(self.max_bucket + 1)]
-        self._batched = [s for s in self.inputs if s.batch_dim is not None]
-        self._hot = [(s.live, [v.shape for v in s.live], s.dtype, s.device) for s in self.inputs]
-        batched = [k for k, s in enumerate(self.inputs) if s.batch_dim is not None]
-        if not batched:
-            raise ConfigError("no input has a batch dimension (batch_dim is None everywhere)")
-        self._lead = batched[0]
-        self._lead_dim = self.inputs[self._lead].batch_dim
-        self._output_batch_dim = output_batch_dim
-        # Fast path: positional tensors only, no kwargs: the call's args are the leaves.
-        self._flat_args = not kwargs and all(isinstance(a, torch.Tensor) for a in args)
-        self._n_leaves = len(leaves)
-        self._kw_order = dict.fromkeys(kwargs)
+        graph_device = device or dev  # what each Graph is given (routes as Graph(device=...))
+        backend, routed = select_backend(graph_device)
+        self._runtime = RunnerRuntime(
+            fn=fn,
+            ladder=ladder,
+            inputs=inputs,
+            examples=[x.detach() for x in leaves],
+            in_spec=in_spec,
+            kw_order=dict.fromkeys(kwargs),
+            # Fast path: positional tensors only, no kwargs: the call's args are the leaves.
+            flat_args=not kwargs and all(isinstance(a, torch.Tensor) for a in args),
+            output_batch_dim=output_batch_dim,
+            device=dev,
+            graph_device=graph_device,
+            backend=backend,
+            device_spec=backend.device_spec(routed),
+            compile=compile,
+            verify=bool(verify),
+            strict=bool(strict),
+            copy_outputs=bool(copy_outputs),
+            memory_budget=memory_budget,
+            progress=progress,
+            pool=pool,
+        )
 
-        self._pool = pool
-        self._graph_device = device
-        self._buckets = [Bucket(b) for b in self.buckets]
-        self._captured = False
-        # route[n] -> bucket for 1 <= n <= max_bucket; built by capture().
-        self._route: list[Bucket | None] = [None] * (self.max_bucket + 1)
-        self._outs: dict[int, Any] = {}  # live batch size -> prebuilt sliced outputs
-        self._out_spec: pytree.TreeSpec | None = None
-        self._out_dims: list[int | None] = []
-        self._fallbacks: Counter[str] = Counter()
-        self._eager_calls = 0
-        # Live batch sizes served (graph: a list indexed by size, cheap on the hot path), for
-        # stats()["batch_size_histogram"] and suggest_buckets().
-        self._sizes = [0] * (self.max_bucket + 1)
-        self._eager_sizes: Counter[int] = Counter()
+    @property
+    def runtime(self) -> RunnerRuntime:
+        """The runner's whole state (settings, static inputs, backend, pool, buckets, routes,
+        counters); see :class:`~accel_graph.runner.runtime.RunnerRuntime` for its fields."""
+        return self._runtime
+
+    # Settings and structure, kept as attributes of the runner; they live in ``runtime``.
+    fn = _forwarded("fn", "The step served (and run on eager fallback).")
+    buckets = _forwarded("ladder", "The bucket sizes, ascending.")
+    max_bucket = _forwarded("max_bucket", "The largest bucket.")
+    device = _forwarded("device", "The runner's device (where inputs must be).")
+    inputs = _forwarded("inputs", "The static inputs, one :class:`InputSpec` per input leaf.")
+    compile = _forwarded("compile", "``compile=`` of every Graph.")
+    verify = _forwarded("verify", "Verify each bucket's first replay against eager.", settable=True)
+    strict = _forwarded("strict", "Raise instead of falling back to eager.", settable=True)
+    copy_outputs = _forwarded("copy_outputs", "Return copies, not views into static outputs.", settable=True)
+    memory_budget = _forwarded("memory_budget", "Bytes the shared pool may hold during capture.", settable=True)
+    progress = _forwarded("progress", "Show a capture progress bar (None: on a terminal).", settable=True)
+
+    # ------------------------------------------------------------------------------------
+    # capture
+    # ------------------------------------------------------------------------------------
+    def capture(self) -> GraphRunner:
+        """Warm up and capture every bucket, largest first, into one shared pool.
+
+        A bucket whose capture fails (``CaptureError``, out of memory) or that pushes the pool
+        over ``memory_budget`` is left out with its reason (``strict=True`` raises instead); its
+        batches run eagerly. Raises AccelGraphError on a second call, ConfigError when the budget
+        cannot hold even the smallest bucket, or when ``fn`` returns something other than
+        tensors. Returns ``self``. (:func:`~accel_graph.runner.capture.capture_buckets`.)
+        """
+        capture_buckets(self._runtime)
+        return self
 
     # ------------------------------------------------------------------------------------
     # serving
@@ -175,30 +218,31 @@ class GraphRunner(CaptureMixin):
         if torch.is_grad_enabled():
             with torch.no_grad():
                 return self(*args, **kwargs)
-        if kwargs or not self._flat_args:
-            if kwargs.keys() != self._kw_order.keys():
+        rt = self._runtime
+        if kwargs or not rt.flat_args:
+            if kwargs.keys() != rt.kw_order.keys():
                 raise ConfigError(
-                    f"keyword inputs {sorted(kwargs)} do not match the example's {sorted(self._kw_order)}"
+                    f"keyword inputs {sorted(kwargs)} do not match the example's {sorted(rt.kw_order)}"
                 )
-            kwargs = {k: kwargs[k] for k in self._kw_order}  # the example's order, as flattened
+            kwargs = {k: kwargs[k] for k in rt.kw_order}  # the example's order, as flattened
             leaves, spec = pytree.tree_flatten((args, kwargs))
-            if spec != self._in_spec:
-                raise ConfigError(f"inputs do not match the example inputs' structure: {spec} vs {self._in_spec}")
+            if spec != rt.in_spec:
+                raise ConfigError(f"inputs do not match the example inputs' structure: {spec} vs {rt.in_spec}")
         else:
             leaves = args
-            if len(leaves) != self._n_leaves:
-                raise ConfigError(f"expected {self._n_leaves} inputs, got {len(leaves)}")
+            if len(leaves) != rt.n_leaves:
+                raise ConfigError(f"expected {rt.n_leaves} inputs, got {len(leaves)}")
         try:
-            n = leaves[self._lead].shape[self._lead_dim]
+            n = leaves[rt.lead].shape[rt.lead_dim]
         except (AttributeError, IndexError):
             raise self._bad(leaves, 1) from None
-        bucket = self._route[n] if 0 < n <= self.max_bucket else None
+        bucket = rt.route[n] if 0 < n <= rt.max_bucket else None
         if bucket is None or not bucket.ready:
             return self._slow(bucket, n, leaves, args, kwargs)
         # The hot path: compare, copy, pad, replay, return prebuilt views. Everything else
         # (views per batch size, output slices) was built at capture.
         try:
-            for (live, shapes, dtype, device), x in zip(self._hot, leaves):
+            for (live, shapes, dtype, device), x in zip(rt.hot, leaves):
                 if x.shape != shapes[n] or x.dtype is not dtype or x.device != device:
                     raise self._bad(leaves, n)
                 live[n].copy_(x)
@@ -206,93 +250,92 @@ class GraphRunner(CaptureMixin):
             raise self._bad(leaves, n) from None
         size = bucket.size
         if n != size:
-            for s in self._batched:
+            for s in rt.batched:
                 s.static.narrow(s.batch_dim, n, size - n).fill_(s.pad)
         bucket.replay()
         bucket.replays += 1
         bucket.live_rows += n
-        self._sizes[n] += 1
-        if self.copy_outputs:
-            return self._copy(self._outs[n])
-        return self._outs[n]
-
-    def _copy(self, out: Any) -> Any:
-        if isinstance(out, torch.Tensor):
-            return out.clone()
-        return pytree.tree_map(torch.clone, out)
+        rt.graph_sizes[n] += 1
+        if rt.copy_outputs:
+            return _copy(rt.outs[n])
+        return rt.outs[n]
 
     def _bad(self, leaves: Sequence[Any], n: int) -> ConfigError:
-        for s, x in zip(self.inputs, leaves):
+        inputs = self._runtime.inputs
+        for s, x in zip(inputs, leaves):
             if not fits(s, x):
                 return ConfigError(s.mismatch(x, n))
-        sizes = {s.name: x.shape[s.batch_dim] for s, x in zip(self.inputs, leaves) if s.batch_dim is not None}
+        sizes = {s.name: x.shape[s.batch_dim] for s, x in zip(inputs, leaves) if s.batch_dim is not None}
         return ConfigError(f"batched inputs disagree on the batch size: {sizes}")
 
     def _slow(self, bucket: Bucket | None, n: int, leaves: Sequence[Any], args: tuple, kwargs: dict) -> Any:
         """Everything off the hot path: validation, first-replay verification, eager fallback."""
-        for s, x in zip(self.inputs, leaves):
+        rt = self._runtime
+        for s, x in zip(rt.inputs, leaves):
             if not fits(s, x):
                 raise self._bad(leaves, max(n, 1))
         if n < 1:
             raise ConfigError(
-                f"batch of size {n} (input {self.inputs[self._lead].name}): a batch needs at least one row"
+                f"batch of size {n} (input {rt.inputs[rt.lead].name}): a batch needs at least one row"
             )
-        for s, x in zip(self.inputs, leaves):
+        for s, x in zip(rt.inputs, leaves):
             if s.batch_dim is not None and x.shape[s.batch_dim] != n:
                 raise self._bad(leaves, n)
-        if not self._captured:
+        if not rt.captured:
             return self._eager("capture() has not run yet", args, kwargs, n)
         if bucket is None:
-            return self._eager(f"batch {n} is above the largest bucket ({self.max_bucket})", args, kwargs, n)
+            return self._eager(f"batch {n} is above the largest bucket ({rt.max_bucket})", args, kwargs, n)
         if bucket.replay is None:
             return self._eager(f"bucket {bucket.size} {bucket.reason}", args, kwargs, n)
         return self._verify_first(bucket, n, leaves, args, kwargs)
 
     def _eager(self, reason: str, args: tuple, kwargs: dict, n: int) -> Any:
-        if self.strict:
+        rt = self._runtime
+        if rt.strict:
             raise AccelGraphError(f"GraphRunner (strict): {reason}")
-        if reason not in self._fallbacks:
+        if reason not in rt.fallbacks:
             log.warning("GraphRunner: running eagerly: %s", reason)
-        self._fallbacks[reason] += 1
-        self._eager_calls += 1
-        self._eager_sizes[n] += 1
-        return self.fn(*args, **kwargs)
+        rt.fallbacks[reason] += 1
+        rt.eager_calls += 1
+        rt.eager_sizes[n] += 1
+        return rt.fn(*args, **kwargs)
 
     def _verify_first(self, bucket: Bucket, n: int, leaves: Sequence[Any], args: tuple, kwargs: dict) -> Any:
         """First replay of a bucket: compare with eager on the same padded inputs."""
-        for s, x in zip(self.inputs, leaves):
+        rt = self._runtime
+        for s, x in zip(rt.inputs, leaves):
             s.live[n].copy_(x)
         if n != bucket.size:
-            for s in self._batched:
+            for s in rt.batched:
                 s.static.narrow(s.batch_dim, n, bucket.size - n).fill_(s.pad)
-        bargs, bkwargs = self._bucket_args(bucket.size)
+        bargs, bkwargs = rt.bucket_args(bucket.size)
         undo = UndoLog()
         with undo:
-            expected = self.fn(*bargs, **bkwargs)
+            expected = rt.fn(*bargs, **bkwargs)
         undo.snapshot_post()
         undo.restore()  # eager's writes undone: replay starts from the same state
         assert bucket.replay is not None
         bucket.replay()
-        actual = pytree.tree_unflatten(bucket.out_leaves, self._out_spec)
+        actual = pytree.tree_unflatten(bucket.out_leaves, rt.out_spec)
         diff = compare(actual, expected)
         bucket.verified = True
         if diff is not None:
             undo.reapply()  # keep eager's side effects: its result is the one returned
             bucket.verify_diff = diff
-            self._fail(bucket, "disabled", f"disabled by verification: {diff}", None)
-            self._build_routes()
-            self._fallbacks[f"bucket {bucket.size} {bucket.reason}"] += 1
-            self._eager_calls += 1
-            self._eager_sizes[n] += 1
+            disable_bucket(rt, bucket, "disabled", f"disabled by verification: {diff}", None)
+            rt.build_routes()
+            rt.fallbacks[f"bucket {bucket.size} {bucket.reason}"] += 1
+            rt.eager_calls += 1
+            rt.eager_sizes[n] += 1
             leaves_e, spec = pytree.tree_flatten(expected)
-            sliced = [x if d is None else x.narrow(d, 0, n) for x, d in zip(leaves_e, self._out_dims)]
+            sliced = [x if d is None else x.narrow(d, 0, n) for x, d in zip(leaves_e, rt.out_dims)]
             return pytree.tree_unflatten(sliced, spec)
         bucket.ready = True
         bucket.replays += 1
         bucket.live_rows += n
-        self._sizes[n] += 1
-        out = self._outs[n]
-        return self._copy(out) if self.copy_outputs else out
+        rt.graph_sizes[n] += 1
+        out = rt.outs[n]
+        return _copy(out) if rt.copy_outputs else out
 
     # ------------------------------------------------------------------------------------
     # reports
@@ -300,34 +343,34 @@ class GraphRunner(CaptureMixin):
     def memory_report(self) -> dict[str, Any]:
         """Per-bucket memory from the allocator and the pool total (JSON-ready; schema
         ``accel_graph.runner.memory/1`` in ``docs/runner.md``)."""
-        return memory_report(self)
+        return memory_report(self._runtime)
 
     def stats(self) -> dict[str, Any]:
         """Replays per bucket, eager fallbacks and why, padding waste (JSON-ready; schema
         ``accel_graph.runner.stats/1`` in ``docs/runner.md``)."""
-        return stats(self)
+        return stats(self._runtime)
 
     def reset_stats(self) -> None:
         """Zero the counters of :meth:`stats` (not the verification state)."""
-        for b in self._buckets:
-            b.replays = b.live_rows = 0
-        self._fallbacks.clear()
-        self._eager_calls = 0
-        self._sizes = [0] * (self.max_bucket + 1)
-        self._eager_sizes.clear()
+        self._runtime.reset_counters()
 
     def graph(self, bucket: int) -> Graph | None:
         """The graph serving ``bucket`` (None when it is not captured or was disabled)."""
-        for b in self._buckets:
-            if b.size == bucket:
-                return b.graph if b.replay is not None else None
-        raise ConfigError(f"{bucket} is not a bucket of this runner ({self.buckets})")
+        b = self._runtime.bucket(bucket)
+        return b.graph if b.replay is not None else None
 
     @property
     def captured_buckets(self) -> list[int]:
         """Buckets whose graphs serve calls (captured and not disabled)."""
-        return [b.size for b in self._buckets if b.replay is not None]
+        return [b.size for b in self._runtime.buckets if b.replay is not None]
 
     def __repr__(self) -> str:
         return (f"GraphRunner(buckets={self.buckets}, captured={self.captured_buckets}, "
                 f"device={self.device}, compile={self.compile!r})")
+
+
+def _copy(out: Any) -> Any:
+    """A copy of a runner's outputs (``copy_outputs=True``)."""
+    if isinstance(out, torch.Tensor):
+        return out.clone()
+    return pytree.tree_map(torch.clone, out)

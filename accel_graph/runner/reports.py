@@ -1,12 +1,12 @@
 """The runner's JSON-ready reports: ``memory_report()`` and ``stats()`` (schemas in
-``docs/runner.md``)."""
+``docs/runner.md``), read from the public fields of its
+:class:`~accel_graph.runner.runtime.RunnerRuntime`."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from .core import GraphRunner
+from .runtime import RunnerRuntime
 
 __all__ = ["MEMORY_SCHEMA", "STATS_SCHEMA", "memory_report", "stats"]
 
@@ -14,12 +14,12 @@ MEMORY_SCHEMA = "accel_graph.runner.memory/1"
 STATS_SCHEMA = "accel_graph.runner.stats/1"
 
 
-def memory_report(runner: GraphRunner) -> dict[str, Any]:
+def memory_report(rt: RunnerRuntime) -> dict[str, Any]:
     """Per-bucket memory from the allocator and the pool total (JSON-ready; schema in
     ``docs/runner.md``)."""
     reserved = peak = None
-    if runner._captured:
-        reserved, peak = runner._pool_bytes(runner._pool)
+    if rt.captured:
+        reserved, peak = rt.pool_bytes()
     rows = [{
         "bucket": b.size,
         "status": b.status,
@@ -28,49 +28,52 @@ def memory_report(runner: GraphRunner) -> dict[str, Any]:
         "incremental_bytes": b.incremental_bytes if b.graph is not None else None,
         "standalone_bytes": b.standalone_bytes,
         "pool_after_capture_bytes": b.pool_after_bytes,
-    } for b in runner._buckets]
+    } for b in rt.buckets]
     return {
         "schema": MEMORY_SCHEMA,
-        "device": str(runner.device),
-        "backend": getattr(getattr(runner, "_backend", None), "name", None),
-        "compile": runner.compile,
+        "device": str(rt.device),
+        # The backend is routed at construction; the report names it once capture has used it,
+        # as its schema has always said ("null before capture()").
+        "backend": rt.backend.name if rt.captured else None,
+        "compile": rt.compile,
         "pool_reserved_bytes": reserved,
         "pool_peak_reserved_bytes": peak,
-        "memory_budget_bytes": runner.memory_budget,
-        "static_input_bytes": sum(s.static.numel() * s.static.element_size() for s in runner.inputs),
+        "memory_budget_bytes": rt.memory_budget,
+        "static_input_bytes": sum(s.static.numel() * s.static.element_size() for s in rt.inputs),
         "buckets": rows,
-        "left_out": [b.size for b in runner._buckets if b.status != "captured"],
+        "left_out": [b.size for b in rt.buckets if b.status != "captured"],
     }
 
-def stats(runner: GraphRunner) -> dict[str, Any]:
+
+def stats(rt: RunnerRuntime) -> dict[str, Any]:
     """Replays per bucket, eager fallbacks and why, padding waste (JSON-ready)."""
     per = []
     live = padded = 0
-    for b in runner._buckets:
+    for b in rt.buckets:
         per.append({"bucket": b.size, "status": b.status, "replays": b.replays,
                     "live_rows": b.live_rows, "padded_rows": b.replays * b.size - b.live_rows,
                     "verified": b.verified})
         live += b.live_rows
         padded += b.replays * b.size - b.live_rows
-    graph_calls = sum(b.replays for b in runner._buckets)
+    graph_calls = sum(b.replays for b in rt.buckets)
     return {
         "schema": STATS_SCHEMA,
-        "calls": graph_calls + runner._eager_calls,  # served calls (refused ones not counted)
+        "calls": graph_calls + rt.eager_calls,  # served calls (refused ones not counted)
         "graph_calls": graph_calls,
-        "eager_calls": runner._eager_calls,
-        "eager_fallbacks": [{"reason": r, "count": c} for r, c in runner._fallbacks.most_common()],
+        "eager_calls": rt.eager_calls,
+        "eager_fallbacks": [{"reason": r, "count": c} for r, c in rt.fallbacks.most_common()],
         "buckets": per,
         "live_rows": live,
         "padding_waste_rows": padded,
-        "batch_size_histogram": _histogram(runner),
+        "batch_size_histogram": _histogram(rt),
         "padding_waste_fraction": padded / (live + padded) if live + padded else 0.0,
     }
 
 
-def _histogram(runner: GraphRunner) -> dict[str, int]:
+def _histogram(rt: RunnerRuntime) -> dict[str, int]:
     """Live batch sizes served, graph and eager: ``{"3": 17, ...}`` (JSON keys are strings);
     feed it to :func:`~accel_graph.suggest_buckets` as ``{int(k): v for k, v in ...}``."""
-    counts: dict[int, int] = {n: c for n, c in enumerate(runner._sizes) if c}
-    for n, c in runner._eager_sizes.items():
+    counts: dict[int, int] = {n: c for n, c in enumerate(rt.graph_sizes) if c}
+    for n, c in rt.eager_sizes.items():
         counts[n] = counts.get(n, 0) + c
     return {str(n): counts[n] for n in sorted(counts)}

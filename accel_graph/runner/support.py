@@ -1,42 +1,18 @@
-"""Pieces of :class:`~accel_graph.runner.GraphRunner` kept apart to keep the core small:
-the per-bucket record, input/output matching helpers, the progress bar."""
+"""Small helpers of :class:`~accel_graph.runner.GraphRunner`: input/output matching, exception
+summaries, the capture progress bar."""
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
 
 from ..errors import ConfigError
-from ..frontend import Graph
 from .inputs import InputSpec
 
-__all__ = ["Bucket", "broadcast_outputs", "fits", "progress_bar", "reason_of"]
-
-
-@dataclass(eq=False)
-class Bucket:
-    """One bucket: its graph, static outputs and counters. ``ready`` gates the hot path."""
-
-    size: int
-    status: str = "pending"  # pending|captured|failed|over_budget|disabled
-    reason: str | None = None
-    graph: Graph | None = None
-    replay: Callable[[], None] | None = None
-    ready: bool = False  # captured and verified (or verify=False)
-    verified: bool = False
-    out_leaves: list[torch.Tensor] = field(default_factory=list)
-    capture_ms: float | None = None
-    incremental_bytes: int | None = None
-    standalone_bytes: int | None = None
-    pool_after_bytes: int | None = None
-    replays: int = 0
-    live_rows: int = 0
-    verify_diff: str | None = None
+__all__ = ["broadcast_outputs", "fits", "progress_bar", "reason_of"]
 
 
 def fits(s: InputSpec, x: Any) -> bool:
@@ -60,11 +36,14 @@ def broadcast_outputs(value: Any, spec: pytree.TreeSpec) -> list[int | None]:
 
 
 def reason_of(exc: BaseException) -> str:
+    """``"ErrorType: first line of the message"``, for a bucket's reason."""
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"
 
 
 def progress_bar(total: int, progress: bool | None) -> Any:
+    """A tqdm bar over ``total`` graphs, or None when ``progress`` (None: stderr is a
+    terminal) says not to show one."""
     show = progress if progress is not None else sys.stderr.isatty()
     if not show:
         return None

@@ -15,7 +15,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
-from ..testing.tolerances import assert_close_for_dtype
+from ..tolerances import assert_close_for_dtype
 
 __all__ = ["UndoLog", "compare"]
 
