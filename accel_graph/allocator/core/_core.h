@@ -10,6 +10,9 @@
  * int64 and a negative status on failure. Every public call on an engine takes that engine's
  * mutex (cffi releases the GIL), so threads may share an engine.
  *
+ * This header is the whole API. The implementation is the _core_*.c files, built together into
+ * one extension by _build.py; _core_internal.h says which file holds what.
+ *
  * Only the text between the CDEF markers is given to cffi's cdef (it cannot read #include or
  * include guards), so keep that part free of preprocessor lines.
  */
