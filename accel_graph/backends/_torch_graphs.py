@@ -228,7 +228,9 @@ class TorchGraphBackend(TorchPools, Backend):
         inside a capture would invalidate the outer capture, and torch's own error comes only
         after that damage. Also refuses capture under a whole-process allocator swap, whose
         graph-pool hooks torch keeps C++-only."""
-        from ..allocator.core.plugin import check_capture_allowed  # light: no engine, no CUDA
+        from ..allocator.core.device_plugin import (
+            check_capture_allowed,  # light: no engine, no CUDA
+        )
 
         check_capture_allowed(device)
         outer = self._capturing.get(threading.get_ident())
