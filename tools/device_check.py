@@ -594,7 +594,7 @@ def compare_recordings(native: Path, expandable: Path) -> dict[str, Any]:
     and its expandable what-if must predict the expandable recording's peak within 2 %."""
     from accel_graph.allocator.sim.replayer import recorded_summary
     from accel_graph.allocator.sim.scenario import make_scenario, simulate
-    from accel_graph.allocator.traces.model import load_trace
+    from accel_graph.allocator.traces import load_trace
 
     keys = ("segment_alloc", "segment_free", "segment_map", "segment_unmap", "peak_reserved",
             "final_reserved")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from accel_graph.allocator.sim.replayer import recorded_summary
-from accel_graph.allocator.traces.model import load_trace
+from accel_graph.allocator.traces import load_trace
 from accel_graph.cli.alloc import common
 
 
@@ -54,7 +54,7 @@ def test_validate_gate_fails_when_settings_were_not_what_was_recorded(cli, tmp_p
     """A trace recorded under defaults whose settings claim expandable segments (a setting that
     was "not applied", axolotl#2183): the replay disagrees and --max-error fails with exit 1."""
     from accel_graph.allocator.sim.generate import generate
-    from accel_graph.allocator.traces.model import save_trace
+    from accel_graph.allocator.traces import save_trace
 
     t = generate("frag", seed=0)
     t.allocator_settings = {**t.allocator_settings, "expandable_segments": True,
@@ -170,7 +170,7 @@ def test_rmm_csv_input(cli, tmp_path: Path):
 
 def test_unknown_device_is_said(cli, tmp_path: Path):
     from accel_graph.allocator.sim.generate import generate
-    from accel_graph.allocator.traces.model import save_trace
+    from accel_graph.allocator.traces import save_trace
 
     t = generate("frag", seed=0)
     t.device_type = None
@@ -205,7 +205,7 @@ def test_help_and_no_command(cli):
 
 def test_recorded_memory_fraction_needs_a_cap(cli, tmp_path: Path):
     from accel_graph.allocator.sim.generate import generate
-    from accel_graph.allocator.traces.model import save_trace
+    from accel_graph.allocator.traces import save_trace
 
     t = generate("frag", seed=0)
     t.allocator_settings = {"PYTORCH_CUDA_ALLOC_CONF": "per_process_memory_fraction:0.5"}

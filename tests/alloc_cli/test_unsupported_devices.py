@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from accel_graph.allocator.sim.generate import generate
-from accel_graph.allocator.traces.model import load_trace, save_trace
+from accel_graph.allocator.traces import load_trace, save_trace
 from accel_graph.cli.alloc import common
 
 

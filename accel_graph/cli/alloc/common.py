@@ -251,7 +251,7 @@ def load_input(path: str, device_type: str | None = None) -> Any:
     """Load any supported trace file (format sniffed from the content) as a
     :class:`~accel_graph.allocator.traces.model.Trace`. Unreadable or hostile files raise
     :class:`CliError` with :data:`EXIT_BAD_TRACE`."""
-    from ...allocator.traces.model import load_trace
+    from ...allocator.traces import load_trace
 
     if not os.path.exists(path):
         raise CliError(f"{path}: no such file", EXIT_BAD_TRACE)

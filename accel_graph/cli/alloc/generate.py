@@ -66,7 +66,7 @@ def output_format(path: str, given: str | None) -> str:
 def run(args: argparse.Namespace) -> int:
     from ...allocator.alloc_conf import parse_config
     from ...allocator.sim.generate import generate, trace_stats
-    from ...allocator.traces.model import save_trace
+    from ...allocator.traces import save_trace
 
     if args.steps is not None and args.steps < 1:
         raise CliError("--steps must be >= 1", EXIT_USAGE)
