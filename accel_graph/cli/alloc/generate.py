@@ -16,15 +16,15 @@ import math
 import os
 from typing import Any
 
-from .common import (
+from ...allocator.units import fmt_bytes
+from ..output import emit
+from .options import (
     EXIT_CAP,
     EXIT_UNSUPPORTED,
     EXIT_USAGE,
     SCHEMA_VERSION,
     CliError,
     add_json_option,
-    emit,
-    fmt_bytes,
     guarded,
 )
 
