@@ -140,7 +140,7 @@ class Graph:
             return
         # Imported here: the plug-in module pulls in the allocator engine, which a process that
         # never captures (or never uses the plug-in) should not pay for at `import accel_graph`.
-        from .allocator.core.plugin import check_capture_allowed
+        from .allocator.core.device_plugin import check_capture_allowed
 
         check_capture_allowed(self._device)
 

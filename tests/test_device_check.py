@@ -107,7 +107,7 @@ def test_simulator_row_verdict_on_generated_recordings(tmp_path: Path) -> None:
     """The simulator row's comparison, on two generated recordings of one workload (the engine
     stands in for the device: a plumbing check of the verdict, not of GPU behaviour)."""
     from accel_graph.allocator.sim.generate import generate
-    from accel_graph.allocator.traces.model import save_trace
+    from accel_graph.allocator.traces import save_trace
 
     tool = load_tool()
     native, expandable = tmp_path / "n.pickle", tmp_path / "e.pickle"

@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 from bench_replay import hardware, synthetic_trace  # noqa: E402
 
 from accel_graph.allocator.sim.generate import generate  # noqa: E402
-from accel_graph.allocator.traces.model import save_trace  # noqa: E402
+from accel_graph.allocator.traces import save_trace  # noqa: E402
 from accel_graph.allocator.tune.search import DEFAULT_BUDGET, tune  # noqa: E402
 
 TUNE_WORKLOAD = {"workload": "shapes", "seed": 0, "steps": 12}

@@ -24,9 +24,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from accel_graph.allocator.sim.replayer import build_ops, replay_trace  # noqa: E402
+from accel_graph.allocator.traces import Trace, load_trace, save_trace  # noqa: E402
 from accel_graph.allocator.traces.actions import ACTION_CODE  # noqa: E402
-from accel_graph.allocator.traces.model import Trace, load_trace, save_trace  # noqa: E402
-from accel_graph.allocator.traces.torch_snapshot import TRACE_DTYPE  # noqa: E402
+from accel_graph.allocator.traces.record import TRACE_DTYPE  # noqa: E402
 
 
 def synthetic_trace(n_events: int, seed: int = 0) -> Trace:

@@ -429,7 +429,7 @@ def child_plugin_mempool(out: Path, iters: int) -> dict[str, Any]:
     import torch
 
     import accel_graph
-    from accel_graph.allocator.core import plugin
+    from accel_graph.allocator.core import device_plugin as plugin
 
     alloc, pending = _plugin_or_pending(lambda: plugin.DeviceAllocator(devices=[0]))
     if pending:
@@ -485,7 +485,7 @@ def child_plugin_process_swap(out: Path, iters: int) -> dict[str, Any]:
     import torch
 
     import accel_graph
-    from accel_graph.allocator.core import plugin
+    from accel_graph.allocator.core import device_plugin as plugin
 
     if torch.cuda.is_initialized():
         return _row("error", "CUDA was initialised before the swap (an import touched it)")
@@ -526,7 +526,7 @@ def child_plugin_swap_after_init(out: Path, iters: int) -> dict[str, Any]:
     import torch
 
     from accel_graph import BackendUnavailable
-    from accel_graph.allocator.core import plugin
+    from accel_graph.allocator.core import device_plugin as plugin
 
     torch.zeros(1, device="cuda")  # initialises CUDA
     try:
@@ -594,7 +594,7 @@ def compare_recordings(native: Path, expandable: Path) -> dict[str, Any]:
     and its expandable what-if must predict the expandable recording's peak within 2 %."""
     from accel_graph.allocator.sim.replayer import recorded_summary
     from accel_graph.allocator.sim.scenario import make_scenario, simulate
-    from accel_graph.allocator.traces.model import load_trace
+    from accel_graph.allocator.traces import load_trace
 
     keys = ("segment_alloc", "segment_free", "segment_map", "segment_unmap", "peak_reserved",
             "final_reserved")

@@ -7,13 +7,13 @@ prints the table and writes the JSON report (schema in ``docs/benchmarks.md``).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from .output import write_json
 
 __all__ = ["add_arguments", "format_report", "run"]
 
@@ -97,8 +97,7 @@ def run(args: argparse.Namespace) -> int:
     report = run_decode_bench(settings)
     sys.stdout.write(format_report(report))
     if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2, allow_nan=False) + "\n", encoding="utf-8")
+        write_json(args.json, report)  # strict JSON, keys in the report's order
         sys.stdout.write(f"wrote {args.json}\n")
     return 0
 

@@ -238,7 +238,7 @@ def _plugin_status() -> dict[str, Any]:
     if importlib.util.find_spec(CORE_MODULE) is None:
         out["reason"] = "the allocator core is not built (pip install --no-build-isolation -e .)"
         return out
-    from ..allocator.core import plugin
+    from ..allocator.core import device_plugin as plugin
 
     path, err = _safe(plugin.library_path)
     out["core_built"] = path is not None

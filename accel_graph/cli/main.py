@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from ..errors import ConfigError
 
-__all__ = ["COMMANDS", "build_parser", "main"]
+__all__ = ["COMMANDS", "build_parser", "main", "package_version"]
 
 #: name -> (module defining add_arguments/run, one-line help).
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -39,7 +39,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
 PROG = "accel-graph"
 
 
-def _version() -> str:
+def package_version() -> str:
+    """The installed accel-graph version, or a note that the source tree is not installed
+    (the ``--version`` of both command-line tools)."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
@@ -57,7 +59,7 @@ class _VersionAction(argparse.Action):
         super().__init__(option_strings, dest=dest, nargs=0, help="print the version and exit")
 
     def __call__(self, parser: argparse.ArgumentParser, *args: object, **kw: object) -> None:
-        parser.exit(message=f"{PROG} {_version()}\n")
+        parser.exit(message=f"{PROG} {package_version()}\n")
 
 
 def _chosen(argv: Sequence[str]) -> str | None:

@@ -11,7 +11,7 @@ import pytest
 
 from accel_graph.allocator.sim.fidelity import find_npu_traces
 from accel_graph.allocator.sim.generate import generate
-from accel_graph.allocator.traces.model import save_trace
+from accel_graph.allocator.traces import save_trace
 from accel_graph.cli.alloc.main import main
 
 REPO = Path(__file__).resolve().parents[2]

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from accel_graph.allocator.sim.generate import WORKLOADS, generate, trace_stats
-from accel_graph.allocator.traces.model import load_trace
+from accel_graph.allocator.traces import load_trace
 from accel_graph.cli.alloc.generate import WORKLOAD_NAMES
 
 SMALL = ("--steps", "1", "--scale", "0.125", "--layers", "2")

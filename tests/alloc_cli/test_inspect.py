@@ -6,7 +6,7 @@ import pickle
 from collections import OrderedDict
 from pathlib import Path
 
-from accel_graph.cli.alloc.common import EXIT_BAD_TRACE, EXIT_UNSUPPORTED, EXIT_USAGE
+from accel_graph.cli.alloc.options import EXIT_BAD_TRACE, EXIT_UNSUPPORTED, EXIT_USAGE
 
 TOP_KEYS = {"schema", "trace", "device", "device_type", "settings", "events", "peaks",
             "waste_at_peak", "advice", "sites"}

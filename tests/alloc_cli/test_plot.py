@@ -12,8 +12,8 @@ from accel_graph.allocator.analysis.timeline import Timeline, recorded_timeline,
 from accel_graph.allocator.sim.generate import generate
 from accel_graph.allocator.sim.replayer import recorded_summary
 from accel_graph.allocator.sim.scenario import make_scenario, simulate
-from accel_graph.allocator.traces.model import load_trace
-from accel_graph.cli.alloc.common import fmt_bytes
+from accel_graph.allocator.traces import load_trace
+from accel_graph.allocator.units import fmt_bytes
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 ES = "expandable_segments:True"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from accel_graph.cli.alloc import common
+from accel_graph.cli.alloc import options
 
 RMM_ROWS = [
     "Thread,Time,Action,Pointer,Size,Stream",
@@ -43,7 +43,7 @@ def legacy_list(tmp_path: Path, npu_dir: Path) -> Path:
 
 def test_inspect_rmm_log_is_a_clear_error_not_a_traceback(cli, rmm_log):
     r = cli("inspect", rmm_log)
-    assert r.code == common.EXIT_UNSUPPORTED, r.err
+    assert r.code == options.EXIT_UNSUPPORTED, r.err
     assert "Traceback" not in r.err and "internal error" not in r.err
     assert "no segments" in r.err and "accel-alloc simulate" in r.err
 
@@ -55,7 +55,7 @@ def test_validate_without_segment_events_cannot_pass_the_gate(cli, rmm_log):
     assert out["comparable"] is False and out["exact"] is False
     assert any("no segment events" in n for n in out["notes"])
     r = cli("validate", rmm_log, "--max-error", "50", "--json")
-    assert r.code == common.EXIT_CHECK_FAILED
+    assert r.code == options.EXIT_CHECK_FAILED
     assert r.json()["passed"] is False
     assert "cannot be validated" in cli("validate", rmm_log).out
 
@@ -76,13 +76,13 @@ def test_inspect_legacy_list_reports_the_snapshot_state(cli, legacy_list):
     assert any("no event history" in n for n in out["notes"])
     text = cli("inspect", legacy_list).out
     assert "at the snapshot" in text and "after event -1" not in text
-    assert cli("inspect", legacy_list, "--device", "3").code == common.EXIT_UNSUPPORTED
+    assert cli("inspect", legacy_list, "--device", "3").code == options.EXIT_UNSUPPORTED
 
 
 @pytest.mark.parametrize("command", ["simulate", "validate", "tune"])
 def test_replaying_a_legacy_list_says_why_it_cannot(cli, legacy_list, command):
     r = cli(command, legacy_list)
-    assert r.code == common.EXIT_UNSUPPORTED
+    assert r.code == options.EXIT_UNSUPPORTED
     assert "legacy list format" in r.err and "accel-alloc inspect" in r.err
 
 
@@ -107,10 +107,10 @@ def test_plot_files_are_byte_for_byte_reproducible(cli, frag_trace, tmp_path, ex
 
 
 @pytest.mark.parametrize("argv, code, words", [
-    (["--config", "per_process_memory_fraction:0.9"], common.EXIT_CAP, "fraction"),
-    (["--config", "backend:cudaMallocAsync"], common.EXIT_UNSUPPORTED, "cudaMallocAsync"),
-    (["--scale", "inf"], common.EXIT_USAGE, "finite"),
-    (["--scale", "nan"], common.EXIT_USAGE, "finite"),
+    (["--config", "per_process_memory_fraction:0.9"], options.EXIT_CAP, "fraction"),
+    (["--config", "backend:cudaMallocAsync"], options.EXIT_UNSUPPORTED, "cudaMallocAsync"),
+    (["--scale", "inf"], options.EXIT_USAGE, "finite"),
+    (["--scale", "nan"], options.EXIT_USAGE, "finite"),
 ])
 def test_generate_refuses_what_it_cannot_run(cli, tmp_path, argv, code, words):
     out = tmp_path / "g.pkl"
@@ -136,19 +136,19 @@ def test_generate_output_mode_follows_the_umask(cli, tmp_path):
 @pytest.mark.parametrize("text", ["0.5", "1.5", "0.9"])
 def test_fractional_bytes_are_not_a_size(text):
     with pytest.raises(argparse.ArgumentTypeError, match="whole number of bytes"):
-        common.parse_size(text)
+        options.parse_size(text)
 
 
 def test_sizes_with_units_may_be_fractional():
-    assert common.parse_size("1.5GiB") == 3 << 29
-    assert common.parse_size("1024") == 1024
+    assert options.parse_size("1.5GiB") == 3 << 29
+    assert options.parse_size("1024") == 1024
     with pytest.raises(argparse.ArgumentTypeError):
-        common.parse_size("infGiB")
+        options.parse_size("infGiB")
 
 
 def test_cap_as_a_fraction_is_a_usage_error(cli, frag_trace):
     r = cli("simulate", frag_trace, "--cap", "0.9")
-    assert r.code == common.EXIT_USAGE and "per_process_memory_fraction" in r.err
+    assert r.code == options.EXIT_USAGE and "per_process_memory_fraction" in r.err
 
 
 def test_busiest_device_is_chosen_with_a_warning_naming_the_others(cli, npu_dir):

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from accel_graph.allocator.sim.replayer import recorded_summary
-from accel_graph.allocator.traces.model import load_trace
-from accel_graph.cli.alloc import common
+from accel_graph.allocator.traces import load_trace
+from accel_graph.cli.alloc import options
 
 
 def test_simulate_native_twin_as_expandable_predicts_the_expandable_recording(cli, npu_dir):
@@ -54,7 +54,7 @@ def test_validate_gate_fails_when_settings_were_not_what_was_recorded(cli, tmp_p
     """A trace recorded under defaults whose settings claim expandable segments (a setting that
     was "not applied", axolotl#2183): the replay disagrees and --max-error fails with exit 1."""
     from accel_graph.allocator.sim.generate import generate
-    from accel_graph.allocator.traces.model import save_trace
+    from accel_graph.allocator.traces import save_trace
 
     t = generate("frag", seed=0)
     t.allocator_settings = {**t.allocator_settings, "expandable_segments": True,
@@ -62,7 +62,7 @@ def test_validate_gate_fails_when_settings_were_not_what_was_recorded(cli, tmp_p
     path = tmp_path / "mislabelled.pickle"
     save_trace(t, path)
     r = cli("validate", path, "--json", "--max-error", "2")
-    assert r.code == common.EXIT_CHECK_FAILED, r.err
+    assert r.code == options.EXIT_CHECK_FAILED, r.err
     out = r.json()
     assert not out["passed"] and not out["exact"]
     assert out["metrics"]["peak_reserved"]["relative_error"] < -0.5
@@ -100,16 +100,16 @@ def test_simulate_cap_and_oom(cli, frag_trace):
 
 
 @pytest.mark.parametrize("argv, code, words", [
-    (["--config", "expandable_segments:Yes"], common.EXIT_BAD_CONFIG, "expandable_segments"),
-    (["--config", "max_split_size_mb:256,,"], common.EXIT_BAD_CONFIG, ""),
-    (["--config", "nonsense:1"], common.EXIT_BAD_CONFIG, "nonsense"),
-    (["--config", "backend:cudaMallocAsync"], common.EXIT_UNSUPPORTED, "cudaMallocAsync"),
-    (["--profile", "cuda-1.0"], common.EXIT_UNSUPPORTED, "unknown profile"),
-    (["--policy", "buddy"], common.EXIT_UNSUPPORTED, "unknown policy"),
-    (["--cap", "1MiB"], common.EXIT_CAP, "largest allocation"),
-    (["--config", "per_process_memory_fraction:0.5"], common.EXIT_CAP, "--cap"),
-    (["--device", "3"], common.EXIT_UNSUPPORTED, "device 3"),
-    (["--cap", "lots"], common.EXIT_USAGE, ""),
+    (["--config", "expandable_segments:Yes"], options.EXIT_BAD_CONFIG, "expandable_segments"),
+    (["--config", "max_split_size_mb:256,,"], options.EXIT_BAD_CONFIG, ""),
+    (["--config", "nonsense:1"], options.EXIT_BAD_CONFIG, "nonsense"),
+    (["--config", "backend:cudaMallocAsync"], options.EXIT_UNSUPPORTED, "cudaMallocAsync"),
+    (["--profile", "cuda-1.0"], options.EXIT_UNSUPPORTED, "unknown profile"),
+    (["--policy", "buddy"], options.EXIT_UNSUPPORTED, "unknown policy"),
+    (["--cap", "1MiB"], options.EXIT_CAP, "largest allocation"),
+    (["--config", "per_process_memory_fraction:0.5"], options.EXIT_CAP, "--cap"),
+    (["--device", "3"], options.EXIT_UNSUPPORTED, "device 3"),
+    (["--cap", "lots"], options.EXIT_USAGE, ""),
 ])
 def test_simulate_user_errors(cli, frag_trace, argv, code, words):
     r = cli("simulate", frag_trace, *argv)
@@ -135,7 +135,7 @@ def test_bad_files_exit_4_and_execute_nothing(cli, tmp_path: Path, npu_dir):
     for path in (truncated, hostile, empty, tmp_path / "missing.pkl", tmp_path):
         for cmd in ("simulate", "validate"):
             r = cli(cmd, path)
-            assert r.code == common.EXIT_BAD_TRACE, (path, r.code, r.err)
+            assert r.code == options.EXIT_BAD_TRACE, (path, r.code, r.err)
             assert "Traceback" not in r.err and r.err.startswith(f"accel-alloc {cmd}: error:")
     assert not marker.exists()
 
@@ -162,15 +162,15 @@ def test_rmm_csv_input(cli, tmp_path: Path):
     bad = tmp_path / "bad.csv"
     bad.write_text("Thread,Time,Action,Pointer,Size,Stream\n1,0.1,reallocate,0x10,5,0x1\n")
     r = cli("simulate", bad)
-    assert r.code == common.EXIT_BAD_TRACE and "line 2" in r.err and "reallocate" in r.err
+    assert r.code == options.EXIT_BAD_TRACE and "line 2" in r.err and "reallocate" in r.err
     short = tmp_path / "short.csv"
     short.write_text("Time,Action,Pointer,Size,Stream\n0.1,allocate,0x10\n")
-    assert cli("validate", short).code == common.EXIT_BAD_TRACE
+    assert cli("validate", short).code == options.EXIT_BAD_TRACE
 
 
 def test_unknown_device_is_said(cli, tmp_path: Path):
     from accel_graph.allocator.sim.generate import generate
-    from accel_graph.allocator.traces.model import save_trace
+    from accel_graph.allocator.traces import save_trace
 
     t = generate("frag", seed=0)
     t.device_type = None
@@ -194,18 +194,18 @@ def test_list_profiles(cli):
     assert r.code == 0
     names = {p["name"] for p in r.json()["profiles"]}
     assert {"cuda-2.9", "cuda-2.13", "npu", "xpu", "rocm-2.13"} <= names
-    assert cli("simulate").code == common.EXIT_USAGE
+    assert cli("simulate").code == options.EXIT_USAGE
 
 
 def test_help_and_no_command(cli):
     assert cli("--help").code == 0
-    assert cli().code == common.EXIT_USAGE
-    assert cli("simulate", "--bogus-option").code == common.EXIT_USAGE
+    assert cli().code == options.EXIT_USAGE
+    assert cli("simulate", "--bogus-option").code == options.EXIT_USAGE
 
 
 def test_recorded_memory_fraction_needs_a_cap(cli, tmp_path: Path):
     from accel_graph.allocator.sim.generate import generate
-    from accel_graph.allocator.traces.model import save_trace
+    from accel_graph.allocator.traces import save_trace
 
     t = generate("frag", seed=0)
     t.allocator_settings = {"PYTORCH_CUDA_ALLOC_CONF": "per_process_memory_fraction:0.5"}
@@ -213,7 +213,7 @@ def test_recorded_memory_fraction_needs_a_cap(cli, tmp_path: Path):
     save_trace(t, path)
     for cmd in ("simulate", "validate"):
         r = cli(cmd, path)
-        assert r.code == common.EXIT_CAP and "--cap" in r.err, (cmd, r.code, r.err)
+        assert r.code == options.EXIT_CAP and "--cap" in r.err, (cmd, r.code, r.err)
     for cmd in ("simulate", "validate"):
         r = cli(cmd, path, "--cap", "4GiB", "--json")
         assert r.code == 0, r.err

@@ -10,7 +10,7 @@ import pytest
 
 from accel_graph.allocator.alloc_conf import parse_config
 from accel_graph.allocator.sim.scenario import largest_request
-from accel_graph.allocator.traces.model import load_trace
+from accel_graph.allocator.traces import load_trace
 from accel_graph.cli.alloc.main import main
 from accel_graph.cli.alloc.validate import validate_payload
 
@@ -176,7 +176,7 @@ def test_npu_accuracy_matches_validate(cli, npu_dir):
 
 def test_private_pools_strengthen_the_es_warning(cli, tmp_path):
     from accel_graph.allocator.sim.generate import generate
-    from accel_graph.allocator.traces.model import save_trace
+    from accel_graph.allocator.traces import save_trace
 
     path = tmp_path / "serve.agtrace"  # CUDA-graph capture into a private pool
     save_trace(generate("serve", seed=0), path, format="compact")

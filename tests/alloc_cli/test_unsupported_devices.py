@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from accel_graph.allocator.sim.generate import generate
-from accel_graph.allocator.traces.model import load_trace, save_trace
-from accel_graph.cli.alloc import common
+from accel_graph.allocator.traces import load_trace, save_trace
+from accel_graph.cli.alloc import options
 
 
 def _snapshot(tmp_path: Path, name: str, edit) -> Path:
@@ -32,7 +32,7 @@ def test_named_unknown_device(cli, tmp_path):
     assert t.device_type is None and t.unsupported_device == "tpu"
     for cmd in ("inspect", "simulate", "validate", "tune"):
         r = cli(cmd, path)
-        assert r.code == common.EXIT_UNSUPPORTED, (cmd, r.code, r.err)
+        assert r.code == options.EXIT_UNSUPPORTED, (cmd, r.code, r.err)
         assert "'tpu'" in r.err and "--device-type" in r.err
     r = cli("simulate", path, "--device-type", "cuda", "--json")
     assert r.code == 0 and r.json()["predicted"]["profile"] == "cuda-2.13"
@@ -47,7 +47,7 @@ def test_device_implied_by_frames(cli, tmp_path):
     path = _snapshot(tmp_path, "mlu.pickle", frames)
     assert load_trace(path).unsupported_device == "mlu"
     r = cli("validate", path)
-    assert r.code == common.EXIT_UNSUPPORTED and "'mlu'" in r.err
+    assert r.code == options.EXIT_UNSUPPORTED and "'mlu'" in r.err
 
 
 def test_known_devices_are_not_flagged(npu_dir):
@@ -71,14 +71,14 @@ def test_recorded_async_backend_is_said_and_not_validated(cli, tmp_path):
     path = tmp_path / "async.pickle"
     save_trace(t, path)
     r = cli("validate", path, "--json", "--max-error", "5")
-    assert r.code == common.EXIT_CHECK_FAILED
+    assert r.code == options.EXIT_CHECK_FAILED
     out = r.json()
     assert not out["comparable"] and not out["exact"]
     assert any("cudaMallocAsync" in n for n in out["notes"])
     r = cli("simulate", path, "--json")
     assert r.code == 0 and any("does not model" in n for n in r.json()["predicted"]["notes"])
     r = cli("simulate", path, "--cap", "1KiB")
-    assert r.code == common.EXIT_CAP and "1.0 KiB" in r.err and "MiB" in r.err
+    assert r.code == options.EXIT_CAP and "1.0 KiB" in r.err and "MiB" in r.err
 
 
 def test_rmm_times_that_do_not_fit_drop_timestamps(cli, tmp_path):
@@ -92,4 +92,4 @@ def test_rmm_times_that_do_not_fit_drop_timestamps(cli, tmp_path):
 
 def test_absurd_cap_is_a_usage_error(cli, frag_trace):
     r = cli("simulate", frag_trace, "--cap", "1e30")
-    assert r.code == common.EXIT_USAGE and "larger than any device" in r.err
+    assert r.code == options.EXIT_USAGE and "larger than any device" in r.err

@@ -17,9 +17,9 @@ from accel_graph.allocator.analysis.inspect import (
 )
 from accel_graph.allocator.sim.fidelity import find_npu_traces
 from accel_graph.allocator.sim.replayer import recorded_summary
+from accel_graph.allocator.traces import Trace, load_trace
 from accel_graph.allocator.traces.actions import ACTION_CODE as C
-from accel_graph.allocator.traces.model import Trace, load_trace
-from accel_graph.allocator.traces.torch_snapshot import TRACE_DTYPE
+from accel_graph.allocator.traces.record import TRACE_DTYPE
 
 MIB = 1 << 20
 A, B = 7, 9  # streams: A does most allocations

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from accel_graph.allocator.sim.generate import WORKLOADS, generate, trace_stats
+from accel_graph.allocator.traces import load_trace, save_trace
 from accel_graph.allocator.traces.actions import ACTION_CODE
-from accel_graph.allocator.traces.model import load_trace, save_trace
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 

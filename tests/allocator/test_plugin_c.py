@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from accel_graph import AccelGraphError
-from accel_graph.allocator.core import plugin
+from accel_graph.allocator.core import device_plugin as plugin
 from accel_graph.allocator.core.engine import Engine, EngineSettings
 from accel_graph.allocator.core.loader import load_core
 
@@ -155,7 +155,7 @@ def test_core_exports_the_abi_and_control_symbols() -> None:
     assert plugin.check_library(path) == path
     core = load_core()
     assert all(hasattr(core.lib, s) for s in plugin.CONTROL_SYMBOLS)
-    assert plugin._control(core) is core.lib
+    assert plugin.control_functions(core) is core.lib
 
 
 def test_doctor_reports_the_plugin_symbols_present() -> None:
@@ -327,7 +327,7 @@ def test_install_rules(installed: Engine, fake_rt: Any, clib: Any, abi: ctypes.C
 
 
 def _last_error_of(eng: Engine) -> str:
-    return eng._last_error()
+    return eng.last_error()
 
 
 def test_uninstall_refused_while_blocks_live(
@@ -335,7 +335,7 @@ def test_uninstall_refused_while_blocks_live(
 ) -> None:
     p = abi.ag_pluggable_alloc(8192, 0, _stream(3))
     assert clib.ag_pluggable_uninstall(0) == clib.AG_ERR_STATE
-    assert "still allocated" in installed._last_error()
+    assert "still allocated" in installed.last_error()
     assert abi.ag_pluggable_alloc(64, 0, None)  # still bound and serving
     abi.ag_pluggable_free(p, 0, 0, None)
     assert clib.ag_pluggable_uninstall(0) == clib.AG_ERR_STATE  # the 64-byte block

@@ -25,7 +25,7 @@ import torch
 
 import accel_graph
 from accel_graph import BackendUnavailable, CaptureError, ConfigError
-from accel_graph.allocator.core import plugin
+from accel_graph.allocator.core import device_plugin as plugin
 from accel_graph.allocator.core.engine import EngineSettings
 from accel_graph.allocator.core.loader import load_core
 from accel_graph.backends import register_backend, registered_backends, unregister_backend

@@ -17,7 +17,7 @@ from accel_graph.allocator.sim.profiles import (
     round_request,
     round_requests,
 )
-from accel_graph.allocator.traces.model import load_trace
+from accel_graph.allocator.traces import load_trace
 
 MIB = 1 << 20
 ROOT = Path(__file__).resolve().parents[2]

@@ -16,8 +16,8 @@ from accel_graph.allocator.sim.replayer import (
     recorded_summary,
     replay_trace,
 )
+from accel_graph.allocator.traces import Trace, segments_from_layout
 from accel_graph.allocator.traces.actions import ACTION_CODE
-from accel_graph.allocator.traces.model import Trace, segments_from_layout
 
 MIB = 1 << 20
 

@@ -9,7 +9,7 @@ import pytest
 from accel_graph.allocator.core.engine import Engine, EngineSettings, round_size
 from accel_graph.allocator.sim.profiles import PROFILES, ROUNDING_RULES, round_requests
 from accel_graph.allocator.sim.replayer import apply_profile, replay_trace
-from accel_graph.allocator.traces.model import Trace, segments_from_layout
+from accel_graph.allocator.traces import Trace, segments_from_layout
 
 MIB = 1 << 20
 

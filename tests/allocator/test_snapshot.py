@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 
 from accel_graph.allocator.alloc_conf import parse_config
-from accel_graph.allocator.traces.actions import ACTION_CODE as C
-from accel_graph.allocator.traces.model import (
+from accel_graph.allocator.traces import (
     TRACE_DTYPE,
     Trace,
     load_trace,
     save_trace,
 )
+from accel_graph.allocator.traces.actions import ACTION_CODE as C
 
 MIB = 1 << 20
 NPU = Path(__file__).resolve().parents[2].parent / "shared" / "traces" / "npu"
@@ -466,7 +466,7 @@ def _engine():  # noqa: ANN202
 
 @pytest.mark.parametrize("config", ["max_split_size_mb:200", "expandable_segments:True"])
 def test_engine_events_become_a_snapshot(tmp_path: Path, config: str) -> None:
-    from accel_graph.allocator.traces.model import segments_from_layout
+    from accel_graph.allocator.traces import segments_from_layout
 
     engine_cls, settings_cls = _engine()
     try:

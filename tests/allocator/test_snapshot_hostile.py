@@ -18,14 +18,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from accel_graph.allocator.traces.actions import ACTION_CODE as C
-from accel_graph.allocator.traces.model import (
+from accel_graph.allocator.traces import (
     Trace,
     TraceFormatError,
     TraceLimits,
     load_trace,
     save_trace,
 )
+from accel_graph.allocator.traces.actions import ACTION_CODE as C
 from accel_graph.allocator.traces.safe_pickle import safe_loads
 from accel_graph.errors import AccelGraphError
 

@@ -258,7 +258,7 @@ def test_fake_xpu_route(registry: None, monkeypatch: pytest.MonkeyPatch, kw: dic
 
 
 def test_plugin_state_is_reported(registry: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    from accel_graph.allocator.core import plugin
+    from accel_graph.allocator.core import device_plugin as plugin
 
     p = doctor.collect()["allocator"]["plugin"]
     assert p["core_built"] and p["library"] == plugin.library_path()

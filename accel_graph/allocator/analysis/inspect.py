@@ -33,8 +33,6 @@ trace frees without having allocated it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -43,12 +41,11 @@ from ..traces.actions import (
     A_ALLOC,
     A_FREE,
     A_FREE_REQ,
-    A_MAP,
-    A_SEG_ALLOC,
-    A_SEG_FREE,
     SEGMENT_ACTIONS,
     reserved_delta,
 )
+from .sites import held_by_site, site_ids, stack_sites, top_user_frame
+from .walk import NEVER, Layout, Pairs, SegmentWalk, curve, final_segments, prepare
 
 __all__ = [
     "ADVICE",
@@ -64,7 +61,6 @@ MIB = 1 << 20
 #: torch's kSmallSize: blocks of at most this many bytes come from the small pool.
 SMALL_SIZE = MIB
 
-_NEVER = np.iinfo(np.int64).max
 
 #: The parts of (reserved - requested) at the peak of reserved, in report order. They sum
 #: exactly to that difference; ``unattributed`` is what the reconstructed layout cannot place
@@ -118,291 +114,11 @@ ADVICE: dict[str, str] = {
 
 _ENV = {"cuda": "PYTORCH_ALLOC_CONF", "rocm": "PYTORCH_ALLOC_CONF",
         "xpu": "PYTORCH_ALLOC_CONF", "npu": "PYTORCH_NPU_ALLOC_CONF"}  # fmt: skip
-_ACTIVE_STATES = ("active_allocated", "active_pending_free", "active_awaiting_free")
-_PRE_EXISTING_SITE = "(allocated before the recording began)"
-_NO_FRAMES_SITE = "(no stack frames)"
-
-
-# ------------------------------------------------------------------------------------------
-# stack frames
-
-
-def _is_internal(filename: str) -> bool:
-    """True for frames of torch itself, torch_npu, or a ``<...>`` pseudo-file."""
-    if not filename or filename.startswith("<"):
-        return True
-    parts = filename.replace("\\", "/").split("/")
-    return "torch" in parts[:-1] or "torch_npu" in parts[:-1]
-
-
-def top_user_frame(stack: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
-    """The frame an allocation is attributed to: the first (innermost) frame that is not in a
-    ``torch/`` or ``torch_npu/`` directory (which covers ``site-packages/torch``) and not a
-    ``<...>`` pseudo-file such as ``<frozen runpy>``; the first frame when every frame is such a
-    frame; None for an empty stack. Directories are matched as whole path components, so
-    ``torchvision/`` or ``mytorch/`` frames count as user frames."""
-    frames = [f for f in stack if isinstance(f, dict)]
-    if not frames:
-        return None
-    for f in frames:
-        if not _is_internal(str(f.get("filename", ""))):
-            return f
-    return frames[0]
-
-
-def _site_label(frame: dict[str, Any]) -> str:
-    return f"{frame.get('filename', '?')}:{frame.get('line', '?')} ({frame.get('name', '?')})"
-
-
-# ------------------------------------------------------------------------------------------
-# event pairing (vectorised)
-
-
-@dataclass
-class _Pairs:
-    """Each ``alloc`` (in event order) with its ``free_requested``/``free_completed``
-    (``_NEVER``: none), and the pre-existing blocks the trace frees without allocating them."""
-
-    alloc_idx: np.ndarray
-    fr_idx: np.ndarray
-    fc_idx: np.ndarray
-    pre_addr: np.ndarray
-    pre_size: np.ndarray  # requested size (the free event's size)
-    pre_stream: np.ndarray
-    pre_fr: np.ndarray
-    pre_fc: np.ndarray
-    touched: np.ndarray  # every address of an alloc/free event (sorted unique)
-
-
-def _next_of(mask: np.ndarray, group: np.ndarray) -> np.ndarray:
-    """Position of the next True of ``mask`` strictly after each position within the same group
-    (``_NEVER`` when none)."""
-    n = len(mask)
-    pos = np.where(mask, np.arange(n, dtype=np.int64), _NEVER)
-    nxt = np.minimum.accumulate(pos[::-1])[::-1]
-    out = np.full(n, _NEVER, np.int64)
-    if n > 1:
-        out[:-1] = nxt[1:]
-    ok = out != _NEVER
-    ok[ok] = group[out[ok]] == group[ok]
-    return np.where(ok, out, _NEVER)
-
-
-def _pair(ev: np.ndarray) -> _Pairs:
-    act = ev["action"]
-    idx = np.flatnonzero((act == A_ALLOC) | (act == A_FREE_REQ) | (act == A_FREE))
-    addr = ev["addr"][idx]
-    order = np.lexsort((idx, addr))  # by address, then time
-    i_s, a_s, k_s = idx[order], addr[order], act[idx][order]
-    n = len(i_s)
-    new_group = np.ones(n, bool)
-    if n > 1:
-        new_group[1:] = a_s[1:] != a_s[:-1]
-    group = np.cumsum(new_group)
-    is_alloc, is_fr, is_fc = k_s == A_ALLOC, k_s == A_FREE_REQ, k_s == A_FREE
-    next_alloc = _next_of(is_alloc, group)
-    next_fr = _next_of(is_fr, group)
-    next_fc = _next_of(is_fc, group)
-    ap = np.flatnonzero(is_alloc)
-    bound = next_alloc[ap]
-    fr_p, fc_p = next_fr[ap], next_fc[ap]
-    fr_p = np.where(fr_p < bound, fr_p, _NEVER)
-    fc_p = np.where(fc_p < bound, fc_p, _NEVER)
-    # a free_completed with no free_requested before it: treat it as both
-    fr_p = np.where((fr_p == _NEVER) | ((fc_p != _NEVER) & (fc_p < fr_p)), fc_p, fr_p)
-
-    def to_idx(p: np.ndarray) -> np.ndarray:
-        out = np.full(len(p), _NEVER, np.int64)
-        ok = p != _NEVER
-        out[ok] = i_s[p[ok]]
-        return out
-
-    # pre-existing: frees in an address group before the group's first alloc
-    seen = np.maximum.accumulate(np.where(is_alloc, group, 0)) == group if n else is_alloc
-    pre = ~seen & ~is_alloc
-    pre_fr_pos = np.flatnonzero(pre & is_fr)
-    pre_fc_pos = np.flatnonzero(pre & is_fc)
-    _, first_fr = np.unique(group[pre_fr_pos], return_index=True)
-    _, first_fc = np.unique(group[pre_fc_pos], return_index=True)
-    fr_pos, fc_pos = pre_fr_pos[first_fr], pre_fc_pos[first_fc]
-    groups = np.union1d(group[fr_pos], group[fc_pos])
-    g_fr = np.full(len(groups), _NEVER, np.int64)
-    g_fc = np.full(len(groups), _NEVER, np.int64)
-    g_fr[np.searchsorted(groups, group[fr_pos])] = i_s[fr_pos]
-    g_fc[np.searchsorted(groups, group[fc_pos])] = i_s[fc_pos]
-    g_fr = np.minimum(g_fr, g_fc)  # a lone free_completed frees it too
-    first_ev = np.minimum(g_fr, g_fc)
-    by_time = np.argsort(i_s[ap], kind="stable")
-    return _Pairs(
-        alloc_idx=i_s[ap][by_time],
-        fr_idx=to_idx(fr_p)[by_time],
-        fc_idx=to_idx(fc_p)[by_time],
-        pre_addr=ev["addr"][first_ev].astype(np.int64),
-        pre_size=ev["size"][first_ev].astype(np.int64),
-        pre_stream=ev["stream"][first_ev],
-        pre_fr=g_fr,
-        pre_fc=g_fc,
-        touched=np.unique(addr).astype(np.int64),
-    )
-
-
-# ------------------------------------------------------------------------------------------
-# segments
-
-
-@dataclass
-class _Seg:
-    addr: int
-    size: int
-    stream: int
-    private: bool
-    expandable: bool
-    kind: str | None  # "small" | "large" | None (unknown)
-
-
-def _private(pool_id: Any) -> bool:
-    if isinstance(pool_id, (list, tuple)):
-        return any(isinstance(x, int) and x != 0 for x in pool_id)
-    return isinstance(pool_id, int) and pool_id != 0
-
-
-def _final_segments(trace: Any, device: int) -> list[dict[str, Any]]:
-    return [s for s in trace.segments if int(s.get("device", device)) == device]
-
-
-def _add_range(ranges: list[_Seg], new: _Seg) -> list[_Seg]:
-    """Add a mapped range, merging with touching ranges of the same stream and pool."""
-    out = sorted(ranges + [new], key=lambda s: s.addr)
-    merged: list[_Seg] = []
-    for s in out:
-        last = merged[-1] if merged else None
-        if (last is not None and s.addr <= last.addr + last.size and last.stream == s.stream
-                and last.private == s.private):
-            end = max(last.addr + last.size, s.addr + s.size)
-            last.size = end - last.addr
-            last.kind = last.kind or s.kind
-        else:
-            merged.append(_Seg(s.addr, s.size, s.stream, s.private, True, s.kind))
-    return merged
-
-
-def _sub_range(ranges: list[_Seg], lo: int, hi: int) -> list[_Seg]:
-    out = []
-    for s in ranges:
-        a, b = s.addr, s.addr + s.size
-        if b <= lo or a >= hi:
-            out.append(s)
-            continue
-        if a < lo:
-            out.append(_Seg(a, lo - a, s.stream, s.private, True, s.kind))
-        if b > hi:
-            out.append(_Seg(hi, b - hi, s.stream, s.private, True, s.kind))
-    return out
-
-
-class _SegmentWalk:
-    """Segments at the start of the trace (final segments with the segment events undone), and
-    at any later event count (start plus the segment events before it)."""
-
-    def __init__(self, trace: Any, ev: np.ndarray, device: int) -> None:
-        final = _final_segments(trace, device)
-        self.final_kind = {int(s["address"]): s.get("segment_type") for s in final}
-        self.final_private = {int(s["address"]): _private(s.get("segment_pool_id")) for s in final}
-        native: dict[int, _Seg] = {}
-        mapped: list[_Seg] = []
-        for s in final:
-            seg = _Seg(int(s["address"]), int(s["total_size"]), int(s.get("stream", 0)),
-                       _private(s.get("segment_pool_id")), bool(s.get("is_expandable")),
-                       s.get("segment_type") if s.get("segment_type") in ("small", "large")
-                       else None)
-            if seg.expandable:
-                mapped = _add_range(mapped, seg)
-            else:
-                native[seg.addr] = seg
-        self.idx = np.flatnonzero(np.isin(ev["action"], SEGMENT_ACTIONS))
-        seg_ev = ev[self.idx]
-        self.rows = list(zip(seg_ev["action"].tolist(), seg_ev["addr"].tolist(),
-                             seg_ev["size"].tolist(), seg_ev["stream"].tolist(),
-                             seg_ev["pool"].tolist(), strict=True))
-        for act, addr, size, stream, pool in reversed(self.rows):
-            if act == A_SEG_ALLOC:
-                native.pop(addr, None)
-            elif act == A_SEG_FREE:
-                native[addr] = self._new(addr, size, stream, pool, False)
-            elif act == A_MAP:
-                mapped = _sub_range(mapped, addr, addr + size)
-            else:
-                mapped = _add_range(mapped, self._new(addr, size, stream, pool, True))
-        self.start_native = native
-        self.start_mapped = mapped
-
-    def _new(self, addr: int, size: int, stream: int, pool: int, expandable: bool) -> _Seg:
-        private = pool != 0 or self.final_private.get(addr, False)
-        return _Seg(addr, size, stream, private, expandable, self.final_kind.get(addr))
-
-    def at(self, k: int) -> list[_Seg]:
-        """Segments after the first ``k`` events, sorted by address."""
-        native = {a: _Seg(**vars(s)) for a, s in self.start_native.items()}
-        mapped = [_Seg(**vars(s)) for s in self.start_mapped]
-        n = int(np.searchsorted(self.idx, k))
-        for act, addr, size, stream, pool in self.rows[:n]:
-            if act == A_SEG_ALLOC:
-                native[addr] = self._new(addr, size, stream, pool, False)
-            elif act == A_SEG_FREE:
-                native.pop(addr, None)
-            elif act == A_MAP:
-                mapped = _add_range(mapped, self._new(addr, size, stream, pool, True))
-            else:
-                mapped = _sub_range(mapped, addr, addr + size)
-        return sorted(list(native.values()) + mapped, key=lambda s: s.addr)
-
-
-# ------------------------------------------------------------------------------------------
-# the analysis
-
-
-def _block_sizes(trace: Any, sizes: np.ndarray) -> tuple[np.ndarray, str]:
-    """Block sizes of requests under the trace's device rounding rule (and recorded
-    roundup_power2_divisions), plus the profile name used."""
-    from ..sim.profiles import resolve_profile, round_requests
-
-    prof = resolve_profile(None, trace.device_type)
-    sizes = np.maximum(np.asarray(sizes, np.int64), 1)
-    divisions = None
-    if trace.allocator_settings:
-        try:
-            from ..alloc_conf import settings_from_snapshot
-
-            dev = {"rocm": "hip", "xpu": "xpu"}.get(trace.device_type or "cuda", "cuda")
-            s = settings_from_snapshot(trace.allocator_settings, dev)
-            if any(d > 1 for d in s.roundup_power2_divisions):
-                divisions = s
-        except Exception:  # settings we cannot read: plain rounding
-            divisions = None
-    if divisions is None or not len(sizes):
-        return round_requests(sizes, prof), prof.name
-    out = np.empty(len(sizes), np.int64)
-    interval = np.clip(np.floor(np.log2(np.maximum(sizes, 1))).astype(np.int64) - 20, 0, 15)
-    for i in np.unique(interval).tolist():
-        m = interval == i
-        out[m] = round_requests(sizes[m], prof, divisions.roundup_power2_divisions[i])
-    return out, prof.name
-
-
-def _curve(n: int, start: int, plus_idx: np.ndarray, plus: np.ndarray,
-           minus_idx: np.ndarray, minus: np.ndarray) -> np.ndarray:
-    """Values at states 0..n (state k: after the first k events)."""
-    delta = np.zeros(n + 1, np.int64)
-    ok = plus_idx != _NEVER
-    np.add.at(delta, plus_idx[ok] + 1, plus[ok])
-    ok = minus_idx != _NEVER
-    np.add.at(delta, minus_idx[ok] + 1, -minus[ok])
-    return start + np.cumsum(delta)
 
 
 def _settings_info(trace: Any, device: int) -> dict[str, Any]:
     rec = trace.allocator_settings
-    segs = _final_segments(trace, device)
+    segs = final_segments(trace, device)
     if isinstance(rec, dict) and isinstance(rec.get("expandable_segments"), bool):
         es, source = rec["expandable_segments"], "recorded"
     elif segs:
@@ -413,55 +129,6 @@ def _settings_info(trace: Any, device: int) -> dict[str, Any]:
     return {"recorded": rec, "expandable_segments": es, "expandable_segments_source": source,
             "config_variable": _ENV.get(trace.device_type or "cuda", "PYTORCH_ALLOC_CONF")}
 
-
-@dataclass
-class _Prepared:
-    pairs: _Pairs
-    req: np.ndarray  # requested size per alloc (event order)
-    blk: np.ndarray  # block size per alloc
-    pre_blk: np.ndarray  # block size per pre-existing freed block
-    untouched: list[tuple[int, int, int, bool, int]]  # final blocks the trace never touches:
-    #                                                   (addr, size, requested, allocated, stream)
-    profile: str
-
-
-def _prepare(trace: Any, device: int) -> _Prepared:
-    """Pair the events, size the blocks and find the pre-existing state (all vectorised but the
-    loop over the final segments' blocks)."""
-    ev = trace.events(device)
-    pairs = _pair(ev)
-
-    # -- start state ---------------------------------------------------------------------------
-    final = _final_segments(trace, device)
-    untouched: list[tuple[int, int, int, bool, int]] = []
-    final_live: dict[int, int] = {}
-    for s in final:
-        for b in s.get("blocks", ()):
-            if b.get("state") in _ACTIVE_STATES:
-                a = int(b["address"])
-                final_live[a] = int(b["size"])
-                untouched.append((a, int(b["size"]), int(b.get("requested_size") or 0),
-                                  b.get("state") == "active_allocated",
-                                  int(s.get("stream", 0))))
-    if untouched:
-        ua = np.array([u[0] for u in untouched], np.int64)
-        keep = ~np.isin(ua, pairs.touched)
-        untouched = [u for u, k in zip(untouched, keep.tolist(), strict=True) if k]
-
-    # -- block sizes ---------------------------------------------------------------------------
-    req = ev["size"][pairs.alloc_idx].astype(np.int64)
-    blk, profile = _block_sizes(trace, req)
-    if final_live and len(pairs.alloc_idx):
-        # blocks live at the end: their recorded size (covers unsplit remainders)
-        end_live = pairs.fr_idx == _NEVER
-        a = ev["addr"][pairs.alloc_idx].astype(np.int64)
-        fa = np.array(sorted(final_live), np.int64)
-        fs = np.array([final_live[x] for x in fa.tolist()], np.int64)
-        pos = np.clip(np.searchsorted(fa, a), 0, len(fa) - 1)
-        hit = end_live & (fa[pos] == a) & (fs[pos] >= req)
-        blk = np.where(hit, fs[pos], blk)
-    pre_blk = _block_sizes(trace, pairs.pre_size)[0] if len(pairs.pre_size) else np.zeros(0, np.int64)
-    return _Prepared(pairs, req, blk, pre_blk, untouched, profile)
 
 
 def inspect_trace(trace: Any, device: int = 0, top: int = 10) -> dict[str, Any]:
@@ -488,10 +155,10 @@ def inspect_trace(trace: Any, device: int = 0, top: int = 10) -> dict[str, Any]:
     ev = trace.events(device)
     n = len(ev)
     act = ev["action"]
-    prep = _prepare(trace, device)
+    prep = prepare(trace, device)
     pairs, req, blk, pre_blk, untouched, profile = (
         prep.pairs, prep.req, prep.blk, prep.pre_blk, prep.untouched, prep.profile)
-    final = _final_segments(trace, device)
+    final = final_segments(trace, device)
     u_live = [u for u in untouched if u[3]]
     start_requested = int(pairs.pre_size.sum()) + sum(u[2] for u in u_live)
     start_allocated = int(pre_blk.sum()) + sum(u[1] for u in u_live)
@@ -502,12 +169,12 @@ def inspect_trace(trace: Any, device: int = 0, top: int = 10) -> dict[str, Any]:
     final_reserved = sum(int(s["total_size"]) for s in final)
     start_reserved = final_reserved - int(seg_delta[-1])
     reserved = start_reserved + seg_delta
-    requested = _curve(n, start_requested, pairs.alloc_idx, req,
+    requested = curve(n, start_requested, pairs.alloc_idx, req,
                        np.concatenate((pairs.fr_idx, pairs.pre_fr)),
                        np.concatenate((req, pairs.pre_size)))
-    allocated = _curve(n, start_allocated, pairs.alloc_idx, blk,
+    allocated = curve(n, start_allocated, pairs.alloc_idx, blk,
                        np.concatenate((pairs.fr_idx, pairs.pre_fr)), np.concatenate((blk, pre_blk)))
-    active = _curve(n, start_active, pairs.alloc_idx, blk,
+    active = curve(n, start_active, pairs.alloc_idx, blk,
                     np.concatenate((pairs.fc_idx, pairs.pre_fc)), np.concatenate((blk, pre_blk)))
     peak_reserved = int(reserved.max())
     plateau = np.flatnonzero(reserved == peak_reserved)
@@ -538,10 +205,10 @@ def inspect_trace(trace: Any, device: int = 0, top: int = 10) -> dict[str, Any]:
     waste, seg_info = _waste(layout, main_stream, trigger, int(reserved[k]), int(requested[k]))
 
     # -- sites ---------------------------------------------------------------------------------
-    sites, sites_note = _sites(trace, ev, pairs, req, layout, top)
+    sites, sites_note = held_by_site(trace, ev, pairs, req, layout, top)
 
     counts = trace.action_counts(device)
-    pre_frees = int((pairs.pre_fr != _NEVER).sum())
+    pre_frees = int((pairs.pre_fr != NEVER).sum())
     n_pre = len(pairs.pre_addr) + len(untouched)
     settings = _settings_info(trace, device)
     env = settings["config_variable"]
@@ -626,7 +293,7 @@ def layout_at(trace: Any, device: int = 0, state: int | None = None) -> list[dic
     k = len(ev) if state is None else int(state)
     if not 0 <= k <= len(ev):
         raise ValueError(f"state must be 0..{len(ev)}")
-    prep = _prepare(trace, device)
+    prep = prepare(trace, device)
     lay = _layout_at(trace, ev, device, k, prep.pairs, prep.req, prep.blk, prep.pre_blk,
                      prep.untouched)
     out = []
@@ -642,29 +309,17 @@ def layout_at(trace: Any, device: int = 0, state: int | None = None) -> list[dic
     return out
 
 
-@dataclass
-class _Layout:
-    segs: list[_Seg]
-    addr: np.ndarray  # live and pending blocks, sorted by address
-    size: np.ndarray  # block bytes (refined: clipped to the next block / segment end, plus
-    #                   unsplit remainders in large non-expandable segments)
-    req: np.ndarray  # requested bytes (0 for pending blocks)
-    live: np.ndarray  # bool: allocated (else freed, awaiting free_completed)
-    seg: np.ndarray  # index into segs, -1 outside every segment
-    site: np.ndarray  # site id per block (see _stack_sites)
-    rule_size: np.ndarray  # block size by the rounding rule (pool class)
 
-
-def _layout_at(trace: Any, ev: np.ndarray, device: int, k: int, pairs: _Pairs, req: np.ndarray,
-               blk: np.ndarray, pre_blk: np.ndarray, untouched: list[Any]) -> _Layout:
+def _layout_at(trace: Any, ev: np.ndarray, device: int, k: int, pairs: Pairs, req: np.ndarray,
+               blk: np.ndarray, pre_blk: np.ndarray, untouched: list[Any]) -> Layout:
     """Segments and blocks after the first ``k`` events (vectorised over blocks)."""
-    segs = _SegmentWalk(trace, ev, device).at(k)
+    segs = SegmentWalk(trace, ev, device).at(k)
     ai = pairs.alloc_idx
     on = (ai < k) & (pairs.fc_idx >= k)
     live_a = on & (pairs.fr_idx >= k)
     pre_on = pairs.pre_fc >= k
     pre_live = pairs.pre_fr >= k
-    a_site = _site_ids(_stack_sites(trace)[0], ev["frames"][ai[on]])
+    a_site = site_ids(stack_sites(trace)[0], ev["frames"][ai[on]])
     addr = np.concatenate((ev["addr"][ai[on]].astype(np.int64), pairs.pre_addr[pre_on],
                            np.array([u[0] for u in untouched], np.int64)))
     size = np.concatenate((blk[on], pre_blk[pre_on], np.array([u[1] for u in untouched], np.int64)))
@@ -696,10 +351,10 @@ def _layout_at(trace: Any, ev: np.ndarray, device: int, k: int, pairs: _Pairs, r
             absorb = (si >= 0) & large_native[np.maximum(si, 0)] & (rule > SMALL_SIZE) & (
                 gap > 0) & (gap <= SMALL_SIZE)
             size = np.where(absorb, size + gap, size)
-    return _Layout(segs, addr, size, rq, live, si, site, rule)
+    return Layout(segs, addr, size, rq, live, si, site, rule)
 
 
-def _waste(lay: _Layout, main_stream: int | None, trigger: dict[str, Any] | None,
+def _waste(lay: Layout, main_stream: int | None, trigger: dict[str, Any] | None,
            reserved: int, requested: int) -> tuple[dict[str, int], dict[str, Any]]:
     """Split reserved - requested at one moment into :data:`WASTE_COMPONENTS`."""
     segs = lay.segs
@@ -737,50 +392,3 @@ def _waste(lay: _Layout, main_stream: int | None, trigger: dict[str, Any] | None
     info = {"segments": ns, "segments_with_blocks": n_live_segs,
             "blocks_outside_segments": int((~inside).sum()), "main_stream": main_stream}
     return {c: int(v) for c, v in waste.items()}, info
-
-
-def _stack_sites(trace: Any) -> tuple[np.ndarray, list[str]]:
-    """(site id per stack, labels): id 0 is "no stack frames", 1 "allocated before the recording
-    began", then one id per distinct top user frame."""
-    labels = [_NO_FRAMES_SITE, _PRE_EXISTING_SITE]
-    index: dict[str, int] = {}
-    ids = np.zeros(len(trace.stacks), np.int64)
-    for i, st in enumerate(trace.stacks):
-        f = top_user_frame(st)
-        if f is None:
-            continue
-        label = _site_label(f)
-        if label not in index:
-            index[label] = len(labels)
-            labels.append(label)
-        ids[i] = index[label]
-    return ids, labels
-
-
-def _site_ids(stack_ids: np.ndarray, frames: np.ndarray) -> np.ndarray:
-    f = frames.astype(np.int64)
-    ok = (f >= 0) & (f < len(stack_ids))
-    return np.where(ok, stack_ids[np.where(ok, f, 0)] if len(stack_ids) else 0, 0)
-
-
-def _sites(trace: Any, ev: np.ndarray, pairs: _Pairs, req: np.ndarray, lay: _Layout,
-           top: int) -> tuple[list[dict[str, Any]], str | None]:
-    """Allocation sites by requested bytes live at the moment of ``lay``, then by bytes
-    allocated over the whole trace."""
-    if not (len(ev) and (ev["frames"] >= 0).any()):
-        return [], "no stack frames recorded"
-    stack_ids, labels = _stack_sites(trace)
-    ids = _site_ids(stack_ids, ev["frames"][pairs.alloc_idx])
-    m = len(labels)
-    total_b = np.zeros(m, np.int64)
-    np.add.at(total_b, ids, req)
-    total_n = np.bincount(ids, minlength=m)
-    live_b = np.zeros(m, np.int64)
-    np.add.at(live_b, lay.site[lay.live], lay.req[lay.live])
-    live_n = np.bincount(lay.site[lay.live], minlength=m)
-    rows = [{"site": labels[i], "live_at_peak_bytes": int(live_b[i]),
-             "live_at_peak_count": int(live_n[i]), "allocated_bytes": int(total_b[i]),
-             "allocations": int(total_n[i])}
-            for i in range(m) if live_n[i] or total_n[i]]
-    rows.sort(key=lambda r: (-r["live_at_peak_bytes"], -r["allocated_bytes"], r["site"]))
-    return rows[:top], None

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from ..traces.actions import A_ALLOC, A_FREE, A_FREE_REQ, A_OOM, reserved_delta
-from ..traces.torch_snapshot import NO_TIME
+from ..traces.record import NO_TIME
 
 __all__ = ["Timeline", "recorded_timeline", "simulated_timeline"]
 

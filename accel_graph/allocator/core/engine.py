@@ -10,7 +10,7 @@ are the same code.
 
 Contract:
 
-- Every C status goes through :func:`check_status`, which raises :class:`OutOfMemoryError` (also a
+- Every C status goes through :func:`~.status.check_status`, which raises :class:`OutOfMemoryError` (also a
   ``torch.OutOfMemoryError`` and ``MemoryError``), :class:`ConfigError` (a ``ValueError``) for
   bad arguments, :class:`PoolError` for unknown or released pools, :class:`BackendUnavailable`
   when the device runtime cannot be loaded, :class:`AccelGraphError` otherwise. A refused call
@@ -19,61 +19,51 @@ Contract:
   :class:`BackendUnavailable` saying how to rebuild.
 - Every public C call takes the engine's own mutex (cffi releases the GIL around C). Memory handed out by a ``host`` engine lives
   until the engine is closed or collected: tensors over it must not outlive the engine. The
-  exception is a tensor block (:class:`TensorBlocks`): the tensor owns its block and holds a
+  exception is a tensor block (:class:`~.tensor_blocks.TensorBlocks`): the tensor owns its block and holds a
   reference on the C engine, so the block and the engine's memory stay valid until the tensor
   dies, even after :meth:`Engine.close`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from ... import errors as _errors
-from ...errors import (
-    AccelGraphError,
-    BackendUnavailable,
-    ConfigError,
-    PoolError,
-)
+from ...errors import AccelGraphError, ConfigError
 from .loader import load_core, load_dlpack
-from .stats import memory_stats_dict, oom_message, snapshot_segments
+from .settings import (
+    POLICIES,
+    POLICY_KEYS,
+    U64_MAX,
+    EngineSettings,
+    allocation_size,
+    fill_settings,
+    round_size,
+    rp2_next_division,
+)
+from .stats import BLOCK_STATES, memory_stats_dict, snapshot_segments
+from .status import check_status
+from .tensor_blocks import TensorBlocks
 
+# Settings, rounding helpers and check_status live in their own modules (settings, status);
+# they are re-exported here because this module was their home and callers import them from it.
 __all__ = [
     "EVENT_DTYPE",
     "OP",
     "OP_DTYPE",
+    "POLICIES",
     "POLICY_KEYS",
     "Engine",
     "EngineSettings",
+    "TensorBlocks",
     "allocation_size",
     "check_status",
     "round_size",
     "rp2_next_division",
 ]
-
-MIB = 1 << 20
-_U64_MAX = (1 << 64) - 1
-_INTERVALS = 16
-POLICIES = ("native", "xpu", "bfc")  # index = AG_POLICY_* in _core.h
-#: The allocator config keys each policy acts on; the others parse and change nothing (the C
-#: core: the max_split rules and the GC threshold are native-only, roundup divisions need the
-#: CUDA rounding, bfc honours only the memory limit; docs/allocator.md).
-POLICY_KEYS: dict[str, frozenset[str]] = {
-    "native": frozenset({
-        "max_split_size_mb", "max_non_split_rounding_mb", "roundup_power2_divisions",
-        "garbage_collection_threshold", "per_process_memory_fraction", "expandable_segments",
-        "large_segment_size_mb",
-    }),
-    "xpu": frozenset({"per_process_memory_fraction", "expandable_segments",
-                      "large_segment_size_mb"}),
-    "bfc": frozenset({"per_process_memory_fraction"}),
-}  # fmt: skip
-UPSTREAMS = ("host", "counting", "device")
 
 #: Opcodes of :meth:`Engine.replay` (``AG_OP_*`` in _core.h).
 OP = {
@@ -105,168 +95,6 @@ OP_FIELDS = [("op", "<i4"), ("stream", "<i4"), ("size", "<i8"), ("id", "<i8"), (
 EVENT_DTYPE = np.dtype(EVENT_FIELDS)
 OP_DTYPE = np.dtype(OP_FIELDS)
 
-
-# ----------------------------------------------------------------------------------------------
-# settings
-
-
-@dataclass(frozen=True)
-class EngineSettings:
-    """Already-parsed allocator settings (sizes in bytes; ``None`` = torch's default).
-
-    Names follow :class:`accel_graph.allocator.alloc_conf.AllocatorSettings`; build one from those
-    with :meth:`from_allocator_settings`.
-
-    - ``max_split_size``: ``None`` = unlimited. Must be >= ``large_segment_size``.
-    - ``max_non_split_rounding_size``: ``None`` = ``large_segment_size``.
-    - ``roundup_power2_divisions``: one int for every interval, or 16 ints (interval 0 = sizes
-      below 2 MiB, interval i = [2^(20+i), 2^(21+i)), interval 15 = 32 GiB and up); each 0 or a
-      power of two.
-    - ``garbage_collection_threshold``: 0 = off; acts only with ``memory_fraction`` < 1.
-    - ``memory_fraction``: ``None`` = never set; needs a known capacity.
-    - ``cap``: the upstream refuses to hold more than this many bytes (simulated device size).
-    - ``capacity``: total device memory for the fraction, the OOM message and the expandable
-      address range; ``None`` = ``cap``, else host RAM or the driver's figure.
-    - ``device_kind`` and ``device_libs``: which runtime the device upstream loads, and the
-      library names or paths to try (default: the usual sonames).
-    - ``round_extra``: bytes added to every request before rounding (torch_npu adds 32:
-      block = ceil((size + 32) / 512) * 512, and roundup_power2_divisions sees size + 32).
-      The requested size recorded in stats and events stays the caller's.
-    - ``expandable_head_align``: 0 = off; else (a power of two, 512 B .. 2 MiB), with
-      expandable segments, a request of 2 MiB or more whose block does not start on this
-      alignment starts at the next multiple, and the skipped head stays a free block
-      (torch_npu's ``base_addr_aligned_kb``, default 16 KiB).
-    - ``expandable_oversize_rule``: ``get_free_block`` applies the ``max_split_size`` oversize
-      rules to cached blocks of expandable segments too (torch >= 2.12, the behaviour behind
-      pytorch#193400). False: torch 2.9-2.11, where those blocks are reused freely.
-    """
-
-    max_split_size: int | None = None
-    max_non_split_rounding_size: int | None = None
-    large_segment_size: int = 20 * MIB
-    roundup_power2_divisions: int | Sequence[int] = 0
-    garbage_collection_threshold: float = 0.0
-    memory_fraction: float | None = None
-    expandable_segments: bool = False
-    cap: int | None = None
-    capacity: int | None = None
-    device_kind: str = "cuda"
-    device_libs: tuple[str, ...] = field(default=())
-    round_extra: int = 0
-    expandable_head_align: int = 0
-    expandable_oversize_rule: bool = True
-
-    def divisions(self) -> tuple[int, ...]:
-        """The 16 per-interval division counts."""
-        d = self.roundup_power2_divisions
-        if isinstance(d, int):
-            return (d,) * _INTERVALS
-        d = tuple(int(x) for x in d)
-        if len(d) != _INTERVALS:
-            raise ConfigError(
-                f"roundup_power2_divisions needs one int or {_INTERVALS} ints, got {len(d)}"
-            )
-        return d
-
-    @classmethod
-    def from_allocator_settings(cls, parsed: Any, **overrides: Any) -> EngineSettings:
-        """Build from a parsed config (``config.AllocatorSettings`` or anything shaped like it).
-
-        ``per_process_memory_fraction`` of 1.0 (torch's default) means "not set".
-        """
-        fraction = getattr(parsed, "per_process_memory_fraction", 1.0)
-        values: dict[str, Any] = {
-            "max_split_size": parsed.max_split_size,
-            "max_non_split_rounding_size": parsed.max_non_split_rounding_size,
-            "large_segment_size": parsed.large_segment_size,
-            "roundup_power2_divisions": tuple(parsed.roundup_power2_divisions),
-            "garbage_collection_threshold": parsed.garbage_collection_threshold,
-            "memory_fraction": fraction if fraction < 1.0 else None,
-            "expandable_segments": parsed.expandable_segments,
-        }
-        values.update(overrides)
-        return cls(**values)
-
-
-def _nonneg(name: str, value: int | None, default: int) -> int:
-    if value is None:
-        return default
-    if not isinstance(value, int) or value < 0 or value > _U64_MAX:
-        raise ConfigError(f"{name} must be a byte count in [0, 2**64), got {value!r}")
-    return value
-
-
-def _fill_settings(ffi: Any, s: EngineSettings, policy: str, upstream: str) -> Any:
-    if policy not in POLICIES:
-        raise ConfigError(f"policy must be one of {', '.join(POLICIES)}; got {policy!r}")
-    if upstream not in UPSTREAMS:
-        raise ConfigError(f"upstream must be one of {', '.join(UPSTREAMS)}; got {upstream!r}")
-    if s.device_kind not in ("cuda", "hip"):
-        raise ConfigError(f"device_kind must be 'cuda' or 'hip'; got {s.device_kind!r}")
-    c = ffi.new("ag_settings *")
-    c.policy = POLICIES.index(policy)
-    c.upstream = UPSTREAMS.index(upstream)
-    large = _nonneg("large_segment_size", s.large_segment_size, 20 * MIB)
-    c.large_segment_size = large
-    c.max_split_size = _nonneg("max_split_size", s.max_split_size, _U64_MAX)
-    c.max_non_split_rounding_size = _nonneg(
-        "max_non_split_rounding_size", s.max_non_split_rounding_size, large
-    )
-    for i, d in enumerate(s.divisions()):
-        if d < 0 or d > 1 << 31:
-            raise ConfigError(f"roundup_power2_divisions[{i}] out of range: {d}")
-        c.roundup_power2_divisions[i] = d
-    c.garbage_collection_threshold = float(s.garbage_collection_threshold)
-    c.memory_fraction = -1.0 if s.memory_fraction is None else float(s.memory_fraction)
-    c.expandable_segments = 1 if s.expandable_segments else 0
-    c.device_kind = 1 if s.device_kind == "hip" else 0
-    c.cap = _nonneg("cap", s.cap, 0)
-    c.capacity = _nonneg("capacity", s.capacity, 0)
-    c.round_extra = _nonneg("round_extra", s.round_extra, 0)
-    c.expandable_head_align = _nonneg("expandable_head_align", s.expandable_head_align, 0)
-    c.expandable_oversize_rule = 1 if s.expandable_oversize_rule else 0
-    return c
-
-
-# ----------------------------------------------------------------------------------------------
-# status codes
-
-
-def check_status(rc: int, engine: Engine | None = None, message: str | None = None) -> int:
-    """Turn a C status (or a negative pointer/id result) into the matching exception.
-
-    Non-negative values pass through unchanged, so ``ptr = check_status(lib.ag_malloc(...))`` works.
-    """
-    if rc >= 0:
-        return rc
-    if message is None:
-        message = engine._last_error() if engine is not None else f"allocator error {rc}"
-    core = load_core()
-    lib = core.lib
-    if rc == lib.AG_ERR_OOM:
-        if engine is not None:
-            info = core.ffi.new("ag_oom_info *")
-            lib.ag_last_oom(engine._e, info)
-            message = oom_message(info, engine.device_name, engine.device_index, engine._conf_var)
-            if engine.policy == "bfc":
-                # torch's expandable-segments hint does not apply to the BFC model
-                message = message.split(" If reserved but unallocated", 1)[0] + (
-                    " (policy bfc: a model of TensorFlow's BFC allocator; torch's allocator "
-                    "settings do not apply)"
-                )
-        raise _errors.OutOfMemoryError(message)
-    if rc in (lib.AG_ERR_INVALID, lib.AG_ERR_BAD_PTR, lib.AG_ERR_UNSUPPORTED):
-        raise ConfigError(message)
-    if rc == lib.AG_ERR_POOL:
-        raise PoolError(message)
-    if rc == lib.AG_ERR_LOAD:
-        raise BackendUnavailable(message)
-    if rc == lib.AG_ERR_NOMEM:
-        raise MemoryError(message)
-    raise AccelGraphError(message)
-
-
-# ----------------------------------------------------------------------------------------------
 # the engine
 
 
@@ -275,16 +103,17 @@ class Engine:
 
     ``Engine(policy="native", upstream="counting", settings=EngineSettings(), streams=1)``.
     Streams are small ints ``0..n-1`` (0 is the default stream; at most 64); pools are ints from
-    :meth:`create_pool`.
+    :meth:`create_pool`. ``device_name``, ``device_index`` and ``conf_var`` (the environment
+    variable torch names for this device's allocator config) shape the OOM message.
     """
 
     __slots__ = (
-        "_conf_var",
         "_e",
         "_ffi",
         "_free",
         "_lib",
         "_malloc",
+        "conf_var",
         "device_index",
         "device_name",
         "policy",
@@ -307,7 +136,7 @@ class Engine:
         self.settings = settings if settings is not None else EngineSettings()
         self.policy = policy
         self.upstream = upstream
-        c = _fill_settings(ffi, self.settings, policy, upstream)
+        c = fill_settings(ffi, self.settings, policy, upstream)
         libs = (
             ";".join(self.settings.device_libs).encode() if self.settings.device_libs else ffi.NULL
         )
@@ -323,13 +152,14 @@ class Engine:
         self._free = lib.ag_free
         self.device_name = device_name or ("XPU" if policy == "xpu" else "CUDA")
         self.device_index = device_index
-        self._conf_var = "PYTORCH_ALLOC_CONF" if policy == "xpu" else "PYTORCH_CUDA_ALLOC_CONF"
+        self.conf_var = "PYTORCH_ALLOC_CONF" if policy == "xpu" else "PYTORCH_CUDA_ALLOC_CONF"
         if not isinstance(streams, int) or streams < 1:
             raise ConfigError(f"streams must be an int >= 1, got {streams!r}")
         for _ in range(streams - 1):
             self.create_stream()
 
-    def _last_error(self) -> str:
+    def last_error(self) -> str:
+        """The C core's message for this engine's last refused call ("" when none)."""
         return self._ffi.string(self._lib.ag_last_error(self._e)).decode(errors="replace")
 
     def __repr__(self) -> str:
@@ -523,7 +353,7 @@ class Engine:
     def capacity(self) -> int | None:
         """Total device memory as the engine sees it; None when unbounded."""
         c = int(self._lib.ag_capacity(self._e))
-        return None if c == _U64_MAX else c
+        return None if c == U64_MAX else c
 
     def layout(self) -> list[dict[str, Any]]:
         """Every segment with every block, unmapped expandable blocks included (state
@@ -535,7 +365,6 @@ class Engine:
         segs = ffi.new("ag_segment_info[]", max(ns[0], 1))
         blocks = ffi.new("ag_block_info[]", max(nb[0], 1))
         check_status(lib.ag_layout(self._e, segs, ns[0], blocks, nb[0]), self)
-        from .stats import BLOCK_STATES
 
         out = []
         for i in range(ns[0]):
@@ -615,7 +444,7 @@ class Engine:
             done,
         )
         if rc:
-            check_status(rc, self, f"replay stopped at op {done[0]}: {self._last_error()}")
+            check_status(rc, self, f"replay stopped at op {done[0]}: {self.last_error()}")
         return results[: len(ops)]
 
     # -- lifetime --------------------------------------------------------------------------
@@ -635,69 +464,6 @@ class Engine:
         self.close()
 
 
-class TensorBlocks:
-    """Tensors that own engine blocks, each made in one native call (DLPack; docs/allocator.md
-    "Tensor blocks").
-
-    ``make(key, code, bits, shape, stride, owner=None)`` allocates the block a CPU tensor of
-    that DLPack dtype, shape and stride spans and returns the tensor over it, or an ``int < 0``
-    (the engine's status, for :meth:`check`) when the block cannot be had; ``owner`` is kept
-    alive until the tensor dies. When the tensor's storage dies,
-    from any thread, the block is freed into the engine and ``key`` is queued: :meth:`drain`
-    returns the queued keys, and ``pending[0]`` is their number, readable at the cost of an
-    index. The engine (and so every block) stays alive while any such tensor does.
-    """
-
-    __slots__ = ("_engine", "_lib", "_mod", "_ref", "addr", "pending")
-
-    def __init__(self, engine: Engine, mod: Any) -> None:
-        ffi, lib = engine._ffi, engine._lib
-        self._engine, self._lib, self._mod = engine, lib, mod
-        # Our own reference on the C engine: ``addr`` and ``pending`` stay valid for this
-        # object's life even after ``engine.close()`` and the last tensor's death (calls then
-        # get the engine's "closed" status instead of touching freed memory).
-        lib.ag_engine_retain(engine._e)
-        self._ref = ffi.gc(ffi.cast("ag_engine *", engine._e), lib.ag_engine_drop)
-        self.addr = int(ffi.cast("uintptr_t", engine._e))
-        self.pending = lib.ag_tensor_pending(engine._e)
-
-    def make(
-        self, key: int, code: int, bits: int, shape: Any, stride: Any, owner: Any = None
-    ) -> Any:
-        return self._mod.make(self.addr, key, code, bits, shape, stride, owner)
-
-    @property
-    def maker(self) -> Any:
-        """``make(engine_addr, key, code, bits, shape, stride, owner)``, the raw extension
-        function (``addr`` is the first argument): one call less on a hot path."""
-        return self._mod.make
-
-    def check(self, rc: int) -> None:
-        """Raise what a refused block means (OutOfMemoryError with torch's message, ...)."""
-        check_status(rc, self._engine)
-
-    def drain(self) -> list[int]:
-        """Keys of the tensors that died since the last drain, in order of death."""
-        return self._mod.drain(self.addr)
-
-    @property
-    def drainer(self) -> Any:
-        """``drain(engine_addr)``, the raw extension function."""
-        return self._mod.drain
-
-    def set_release_idle(self, on: bool) -> None:
-        """Whether each death also returns whole free segments to the upstream (as
-        :meth:`Engine.empty_cache`); turning it on releases them now."""
-        check_status(self._lib.ag_tensor_set_release_idle(self._engine._e, 1 if on else 0), self._engine)
-
-    def counts(self) -> tuple[int, int]:
-        """(live tensor blocks, deaths whose free the engine refused: always 0)."""
-        ffi = self._engine._ffi
-        live, errors = ffi.new("int64_t *"), ffi.new("int64_t *")
-        self._lib.ag_tensor_counts(self._engine._e, live, errors)
-        return int(live[0]), int(errors[0])
-
-
 class _ClosedEngine(Engine):
     """What an Engine becomes after close(): every public call refuses (instead of crashing)."""
 
@@ -713,26 +479,3 @@ class _ClosedEngine(Engine):
 
     def __repr__(self) -> str:
         return "Engine(<closed>)"
-
-
-# ----------------------------------------------------------------------------------------------
-# pure policy helpers (the C functions, for tests and for explaining decisions)
-
-
-def round_size(size: int, settings: EngineSettings | None = None, policy: str = "native") -> int:
-    """The block size a request of ``size`` bytes gets (torch's ``round_size``)."""
-    core = load_core()
-    c = _fill_settings(core.ffi, settings or EngineSettings(), policy, "counting")
-    return int(core.lib.ag_round_size(c, size))
-
-
-def rp2_next_division(size: int, divisions: int) -> int:
-    """torch's ``roundup_power2_next_division`` (e.g. 1200 with 4 divisions gives 1280)."""
-    return int(load_core().lib.ag_rp2_next_division(size, divisions))
-
-
-def allocation_size(size: int, settings: EngineSettings | None = None) -> int:
-    """The segment size a (rounded) request of ``size`` bytes asks the upstream for."""
-    core = load_core()
-    c = _fill_settings(core.ffi, settings or EngineSettings(), "native", "counting")
-    return int(core.lib.ag_allocation_size(c, size))

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..traces.model import load_trace
+from ..traces import load_trace
 from .replayer import empty_cache_positions, recorded_summary, replay_trace
 
 __all__ = ["TWINS", "METRICS", "find_npu_traces", "fidelity_table", "format_table"]

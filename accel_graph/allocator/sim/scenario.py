@@ -21,11 +21,11 @@ from typing import Any
 
 from ...errors import CapacityError, UnsupportedTraceError
 from ..alloc_conf import AllocatorSettings, parse_config, settings_from_snapshot
-from ..core.engine import POLICIES, EngineSettings
+from ..core.settings import POLICIES, EngineSettings
 from ..traces.actions import A_ALLOC
 from ..units import fmt_bytes
 from . import profiles as _profiles
-from .replayer import Figures
+from .results import Figures
 
 __all__ = [
     "CONFIG_DEVICE",

@@ -26,8 +26,9 @@ from typing import Any
 
 import numpy as np
 
+from ...errors import TraceFormatError
 from .actions import ACTIONS
-from .torch_snapshot import COMPACT_MAGIC, TRACE_DTYPE, TraceFormatError, TraceLimits
+from .record import COMPACT_MAGIC, TRACE_DTYPE, TraceLimits
 
 __all__ = ["VERSION", "decode", "encode"]
 

@@ -1,63 +1,44 @@
-"""Allocator traces in memory, and PyTorch memory snapshots in and out.
+"""Allocator traces in memory: the :class:`Trace` model and PyTorch memory snapshots in and out.
 
 :class:`Trace` holds what a memory snapshot holds, in a form the simulator can use directly:
 per device, one numpy array of events (:data:`TRACE_DTYPE`), plus interned stack frames, the
 final ``segments``, ``allocator_settings`` and the device type. It converts to and from
 PyTorch's snapshot dict (the ``_dump_snapshot`` pickle that ``torch.cuda._memory_viz`` and
-pytorch.org/memory_viz read), JSON, and the compact binary format of :mod:`.compact`.
-
-:func:`load_trace` sniffs the format and returns a :class:`Trace`; :func:`save_trace` writes one
-atomically. Loading never executes anything from the file and refuses truncated, corrupt or
-hostile files with a :class:`TraceFormatError` that says what is wrong and what to do. Problems
-in the *data* (a free of an address never allocated, ...) do not fail the load: see
-:meth:`Trace.validate`.
+pytorch.org/memory_viz read). Files (pickle, JSON, compact, RMM CSV) are read and written by
+:mod:`.files` (``load_trace``/``save_trace``, exported by the package); the data checks and the
+segment derivation behind :meth:`Trace.validate` and :meth:`Trace.derive_segments` are in
+:mod:`.segments`. Problems in the *data* (a free of an address never allocated, ...) do not
+fail a load: see :meth:`Trace.validate`.
 """
 
 from __future__ import annotations
 
-import bisect
-import json
-import os
-import pickle
-import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from . import compact
-from .actions import ACTION_CODE, ACTIONS
-from .rmm_csv import is_rmm_csv, read_rmm_csv
-from .safe_pickle import safe_loads
-from .torch_snapshot import (
+from .actions import ACTIONS
+from .record import (
     DEFAULT_LIMITS,
     DEVICE_TYPES,
-    FORMATS,
     META_KEY,
     NO_FRAMES,
     NO_TIME,
     TRACE_DTYPE,
-    Stack,
-    TraceFormatError,
     TraceLimits,
-    bulk_objects,
-    events_to_entries,
-    read_snapshot,
-    sniff_format,
 )
+from .segments import derive_device_segments, validate_device
+from .torch_snapshot import Stack, bulk_objects, events_to_entries, read_snapshot
 
 __all__ = [
-    "DEVICE_TYPES",
-    "TRACE_DTYPE",
+    "FOREIGN_EXTENSIONS",
     "Trace",
-    "TraceFormatError",
-    "TraceLimits",
     "TraceReport",
-    "load_trace",
-    "save_trace",
-    "segments_from_layout",
+    "foreign_device",
+    "infer_device_type",
+    "strip_frames",
 ]
 
 
@@ -190,9 +171,9 @@ class Trace:
         trace = cls(p.device_traces, p.segments, p.allocator_settings, p.device_type, p.stacks,
                     p.external_annotations, p.event_extras, p.extra)  # fmt: skip
         if trace.device_type is None:
-            trace.device_type = _infer_device_type(trace)
+            trace.device_type = infer_device_type(trace)
         if trace.device_type is None:
-            trace.unsupported_device = _foreign_device(snapshot, trace)
+            trace.unsupported_device = foreign_device(snapshot, trace)
         return trace
 
     def to_snapshot(self, *, frames: bool = True) -> dict[str, Any]:
@@ -205,7 +186,7 @@ class Trace:
             events_to_entries(a, self.stacks if frames else [], self.event_extras, device)
             for device, a in enumerate(self.device_traces)
         ]
-        segments = self.segments if frames else [_strip_frames(s) for s in self.segments]
+        segments = self.segments if frames else [strip_frames(s) for s in self.segments]
         out: dict[str, Any] = {"segments": segments, "device_traces": device_traces}
         if self.allocator_settings is not None:
             out["allocator_settings"] = self.allocator_settings
@@ -234,7 +215,7 @@ class Trace:
                 report.truncated += 1
 
         for device, a in enumerate(self.device_traces):
-            _validate_device(self, device, a, report, add)
+            validate_device(self, device, a, report, add)
         return report
 
     def derive_segments(self) -> list[dict[str, Any]]:
@@ -247,7 +228,7 @@ class Trace:
         """
         out = []
         for device, a in enumerate(self.device_traces):
-            out.extend(_derive_device_segments(device, a))
+            out.extend(derive_device_segments(device, a))
         return out
 
 
@@ -300,18 +281,19 @@ def _array_from_tuples(rows: list[Sequence[int]]) -> np.ndarray:
     return array
 
 
-def _strip_frames(seg: dict[str, Any]) -> dict[str, Any]:
+def strip_frames(seg: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a snapshot segment with its and its blocks' stack frames dropped."""
     out = dict(seg, frames=[])
     out["blocks"] = [dict(b, frames=[]) if "frames" in b else dict(b) for b in seg["blocks"]]
     return out
 
 
 #: Frame paths of vendor extensions whose allocators have no profile here (device names).
-_FOREIGN_EXTENSIONS = {"torch_mlu": "mlu", "torch_musa": "musa", "torch_gcu": "gcu",
+FOREIGN_EXTENSIONS = {"torch_mlu": "mlu", "torch_musa": "musa", "torch_gcu": "gcu",
                        "torch_dipu": "dipu", "torch_xla": "xla", "habana_frameworks": "hpu"}
 
 
-def _foreign_device(snapshot: object, trace: Trace) -> str | None:
+def foreign_device(snapshot: object, trace: Trace) -> str | None:
     """A device the snapshot names or implies that is not one of DEVICE_TYPES, else None."""
     meta = snapshot.get(META_KEY) if isinstance(snapshot, dict) else None
     named = meta.get("device_type") if isinstance(meta, dict) else None
@@ -320,13 +302,13 @@ def _foreign_device(snapshot: object, trace: Trace) -> str | None:
     for stack in trace.stacks[:200]:
         for f in stack:
             path = str(f.get("filename", "")) if isinstance(f, dict) else ""
-            for ext, name in _FOREIGN_EXTENSIONS.items():
+            for ext, name in FOREIGN_EXTENSIONS.items():
                 if ext in path:
                     return name
     return None
 
 
-def _infer_device_type(trace: Trace) -> str | None:
+def infer_device_type(trace: Trace) -> str | None:
     """Guess the device family from what a recording leaves behind (frames, settings)."""
     settings = trace.allocator_settings or {}
     if any("HIP" in str(k) for k in settings):
@@ -361,399 +343,3 @@ def _infer_device_type(trace: Trace) -> str | None:
         return "cuda"
     return None
 
-
-# ------------------------------------------------------------------------------------------
-# Data checks and derived segments
-
-
-def _segment_ranges(trace: Trace, device: int) -> list[tuple[int, int]]:
-    return [
-        (int(s["address"]), int(s["address"]) + int(s["total_size"]))
-        for s in trace.segments
-        if int(s.get("device", 0)) == device
-    ]
-
-
-def _validate_device(trace: Trace, device: int, a: np.ndarray, report: TraceReport, add) -> None:
-    final_ranges = _segment_ranges(trace, device)
-    seg_starts = {lo for lo, _ in final_ranges}
-    live: dict[int, int] = {}
-    pending: set[int] = set()
-    freed: set[int] = set()
-    segs: dict[int, int] = {}
-    mapped: list[tuple[int, int]] = []
-    touched: set[int] = set()
-    codes = {name: ACTION_CODE[name] for name in ACTIONS}
-
-    def in_known_segment(addr: int) -> bool:
-        if any(lo <= addr < lo + size for lo, size in segs.items()):
-            return True
-        if any(lo <= addr < hi for lo, hi in mapped) or any(
-            lo <= addr < hi for lo, hi in final_ranges
-        ):
-            return True
-        return False
-
-    last_time = -1
-    act, addrs, sizes, times = (a[k].tolist() for k in ("action", "addr", "size", "time_us"))
-    for i, (code, addr, size, t) in enumerate(zip(act, addrs, sizes, times, strict=True)):
-        where = f"device {device} event {i} ({ACTIONS[code]} at {addr:#x})"
-        if t != NO_TIME:
-            if t < last_time:
-                add(report.warnings, f"{where}: time_us goes backwards")
-            last_time = t
-        if code == codes["alloc"]:
-            if addr in live:
-                add(report.errors, f"{where}: allocates over a live block")
-            live[addr] = size
-            freed.discard(addr)
-            touched.add(addr)
-        elif code == codes["free_requested"]:
-            if addr in live:
-                del live[addr]
-                pending.add(addr)
-            elif addr in freed or addr in pending:
-                add(report.errors, f"{where}: double free")
-            elif addr not in touched and in_known_segment(addr):
-                report.pre_existing_frees += 1
-                pending.add(addr)
-            else:
-                add(report.errors, f"{where}: free of an address that was never allocated")
-            touched.add(addr)
-        elif code == codes["free_completed"]:
-            if addr in pending:
-                pending.discard(addr)
-                freed.add(addr)
-            else:
-                add(report.errors, f"{where}: free_completed without a free_requested")
-        elif code == codes["segment_alloc"]:
-            segs[addr] = size
-        elif code == codes["segment_free"]:
-            if addr in segs:
-                del segs[addr]
-            elif addr in seg_starts or not final_ranges:
-                pass  # a segment that existed before recording began
-            else:
-                add(report.errors, f"{where}: frees a segment that was never allocated")
-        elif code == codes["segment_map"]:
-            mapped.append((addr, addr + size))
-        elif code == codes["segment_unmap"]:
-            mapped = _subtract(mapped, addr, addr + size)
-
-
-def _subtract(ranges: list[tuple[int, int]], lo: int, hi: int) -> list[tuple[int, int]]:
-    out = []
-    for a, b in ranges:
-        if b <= lo or a >= hi:
-            out.append((a, b))
-            continue
-        if a < lo:
-            out.append((a, lo))
-        if b > hi:
-            out.append((hi, b))
-    return out
-
-
-def _merge(ranges: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
-    """Merge adjacent or overlapping (start, end, stream) ranges of the same stream."""
-    out: list[tuple[int, int, int]] = []
-    for lo, hi, st in sorted(ranges):
-        if out and out[-1][2] == st and lo <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], hi), st)
-        else:
-            out.append((lo, hi, st))
-    return out
-
-
-def _derive_device_segments(device: int, a: np.ndarray) -> list[dict[str, Any]]:
-    segs: dict[int, tuple[int, int]] = {}
-    mapped: list[tuple[int, int, int]] = []
-    live: dict[int, tuple[int, str]] = {}
-    c = ACTION_CODE
-    act, addrs, sizes, streams = (a[k].tolist() for k in ("action", "addr", "size", "stream"))
-    for code, addr, size, st in zip(act, addrs, sizes, streams, strict=True):
-        if code == c["alloc"]:
-            live[addr] = (size, "active_allocated")
-        elif code == c["free_requested"] and addr in live:
-            live[addr] = (live[addr][0], "active_pending_free")
-        elif code == c["free_completed"]:
-            live.pop(addr, None)
-        elif code == c["segment_alloc"]:
-            segs[addr] = (size, st)
-        elif code == c["segment_free"]:
-            segs.pop(addr, None)
-        elif code == c["segment_map"]:
-            mapped = _merge(mapped + [(addr, addr + size, st)])
-        elif code == c["segment_unmap"]:
-            mapped = [
-                (p, q, s) for x, y, s in mapped for p, q in _subtract([(x, y)], addr, addr + size)
-            ]
-    ranges = [(lo, lo + size, st, False) for lo, (size, st) in segs.items()]
-    ranges += [(lo, hi, st, True) for lo, hi, st in mapped]
-    live_addrs = sorted(live)
-    out = []
-    for lo, hi, st, expandable in sorted(ranges):
-        blocks = []
-        cursor = lo
-        allocated = requested = 0
-        j = bisect.bisect_left(live_addrs, lo)
-        while j < len(live_addrs) and live_addrs[j] < hi:
-            addr = live_addrs[j]
-            req, state = live[addr]
-            nxt = live_addrs[j + 1] if j + 1 < len(live_addrs) else hi
-            j += 1
-            bsize = min(max(512, -(-req // 512) * 512), min(nxt, hi) - addr)
-            if addr > cursor:
-                blocks.append(_block(cursor, addr - cursor, 0, "inactive"))
-            blocks.append(_block(addr, bsize, req, state))
-            allocated += bsize
-            requested += req
-            cursor = addr + bsize
-        if cursor < hi:
-            blocks.append(_block(cursor, hi - cursor, 0, "inactive"))
-        out.append(
-            {
-                "device": device,
-                "address": lo,
-                "total_size": hi - lo,
-                "allocated_size": allocated,
-                "active_size": allocated,
-                "requested_size": requested,
-                "stream": st,
-                "segment_type": "small" if hi - lo <= 2 << 20 else "large",
-                "segment_pool_id": (0, 0),
-                "is_expandable": expandable,
-                "frames": [],
-                "blocks": blocks,
-            }
-        )
-    return out
-
-
-def segments_from_layout(layout: Iterable[dict[str, Any]], device: int = 0) -> list[dict[str, Any]]:
-    """Snapshot segments from an engine's ``layout()``, exactly as torch would report them.
-
-    An expandable segment becomes one snapshot segment per contiguous mapped range (its
-    ``unmapped`` blocks are left out), as in torch. The engine's integer pool id ``n`` is written
-    as torch's pair ``(0, n)``.
-    """
-    out = []
-    for seg in layout:
-        runs: list[list[dict[str, Any]]] = [[]]
-        for b in seg["blocks"]:
-            if b["state"] == "unmapped":
-                runs.append([])
-            else:
-                runs[-1].append(b)
-        for run in runs:
-            if not run:
-                continue
-            blocks = [
-                _block(b["address"], b["size"], b.get("requested_size", 0), b["state"]) for b in run
-            ]
-            active = [b for b in blocks if b["state"] != "inactive"]
-            allocated = [b for b in blocks if b["state"] == "active_allocated"]
-            out.append(
-                {
-                    "device": device,
-                    "address": run[0]["address"],
-                    "total_size": sum(b["size"] for b in blocks),
-                    "allocated_size": sum(b["size"] for b in allocated),
-                    "active_size": sum(b["size"] for b in active),
-                    "requested_size": sum(b["requested_size"] for b in active),
-                    "stream": seg.get("stream", 0),
-                    "segment_type": "small" if seg.get("is_small") else "large",
-                    "segment_pool_id": (0, int(seg.get("pool_id", 0))),
-                    "is_expandable": bool(seg.get("is_expandable")),
-                    "frames": [],
-                    "blocks": blocks,
-                }
-            )
-    out.sort(key=lambda s: s["address"])
-    return out
-
-
-def _block(addr: int, size: int, requested: int, state: str) -> dict[str, Any]:
-    return {
-        "address": addr,
-        "size": size,
-        "requested_size": requested,
-        "state": state,
-        "frames": [],
-    }
-
-
-# ------------------------------------------------------------------------------------------
-# Files
-
-
-def load_trace(
-    path: str | os.PathLike[str],
-    *,
-    device_type: str | None = None,
-    limits: TraceLimits = DEFAULT_LIMITS,
-) -> Trace:
-    """Load a trace from a snapshot pickle (dict or legacy list), JSON, compact file or RMM
-    ``logging_resource_adaptor`` CSV (:mod:`~accel_graph.allocator.traces.rmm_csv`).
-
-    The format is sniffed from the content, not the name. ``device_type`` overrides what the
-    file says or what is inferred. Raises :class:`TraceFormatError` (a ``ValueError``) for a
-    missing, empty, truncated, corrupt, oversized or hostile file; nothing in it is executed.
-    """
-    source = os.fspath(path)
-    try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size > limits.max_file_bytes:
-                raise TraceFormatError(
-                    f"{source}: {size} bytes exceed the {limits.max_file_bytes}-byte limit; "
-                    "pass limits=TraceLimits(max_file_bytes=...) if the file is trusted and genuine."
-                )
-            data = f.read(limits.max_file_bytes + 1)
-            if len(data) > limits.max_file_bytes:
-                raise TraceFormatError(f"{source}: the file grew past the size limit while read.")
-    except OSError as e:
-        raise TraceFormatError(f"{source}: cannot read the file ({e.strerror or e}).") from None
-    if not data:
-        raise TraceFormatError(f"{source}: the file is empty; re-record or re-copy it.")
-    fmt = sniff_format(data[:64])
-    if fmt is None and is_rmm_csv(data[:64]):
-        events = read_rmm_csv(data, source, limits)
-        return Trace([events], [], None, device_type or "cuda")
-    if fmt is None:
-        if data[:2] == b"\x1f\x8b":
-            raise TraceFormatError(f"{source}: gzip-compressed; decompress it first (gunzip).")
-        raise TraceFormatError(
-            f"{source}: not a memory snapshot pickle, JSON trace, compact trace or RMM log CSV "
-            f"(starts with {bytes(data[:8])!r})."
-        )
-    if fmt == "compact":
-        trace = _from_compact(data, source, limits)
-    else:
-        with bulk_objects():
-            obj = _json_loads(data, source) if fmt == "json" else safe_loads(data, source)
-        trace = Trace.from_snapshot(obj, source, limits)
-        del obj
-    if device_type is not None:
-        if device_type not in DEVICE_TYPES:
-            raise ValueError(f"device_type must be one of {DEVICE_TYPES}")
-        trace.device_type = device_type
-    return trace
-
-
-def save_trace(trace: Trace, path: str | os.PathLike[str], format: str | None = None) -> None:
-    """Write ``trace`` atomically as "pickle" (PyTorch's snapshot), "json" or "compact".
-
-    ``format=None`` picks by suffix: ``.json`` is JSON, ``.agt``/``.compact`` is compact, anything
-    else a pickle. The pickle opens in ``python -m torch.cuda._memory_viz`` and memory_viz. The
-    compact format drops stack frames. A failed write leaves any existing file untouched.
-    """
-    if format is None:
-        suffix = Path(path).suffix.lower()
-        format = {".json": "json", ".agt": "compact", ".compact": "compact"}.get(suffix, "pickle")
-    if format not in FORMATS:
-        raise ValueError(f"format must be one of {FORMATS}, got {format!r}")
-    with bulk_objects():
-        if format == "pickle":
-            chunks: list[bytes | memoryview] = [pickle.dumps(trace.to_snapshot(), protocol=4)]
-        else:
-            try:
-                if format == "json":
-                    chunks = [json.dumps(_jsonable(trace.to_snapshot()), allow_nan=False).encode()]
-                else:
-                    chunks = _to_compact(trace)
-            except ValueError as e:  # NaN or infinity somewhere in the metadata
-                raise ValueError(
-                    f"cannot write {os.fspath(path)} as {format}: the trace holds a value JSON "
-                    f"cannot represent ({e}); save it as a pickle instead"
-                ) from None
-    target = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            for chunk in chunks:
-                f.write(chunk)
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual file mode
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
-def _umask() -> int:
-    """The process umask, read without changing it where the OS allows (os.umask sets it, which
-    would race with other threads creating files)."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def _json_loads(data: bytes, source: str) -> object:
-    def refuse_constant(name: str) -> object:
-        raise ValueError(f"non-standard JSON constant {name}")
-
-    try:
-        return json.loads(data.decode("utf-8"), parse_constant=refuse_constant)
-    except UnicodeDecodeError:
-        raise TraceFormatError(f"{source}: JSON trace is not valid UTF-8 (corrupt?).") from None
-    except (ValueError, RecursionError) as e:
-        raise TraceFormatError(
-            f"{source}: not valid JSON ({e}); the file is truncated or corrupt."
-        ) from None
-
-
-def _jsonable(obj: Any) -> Any:
-    if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    return obj
-
-
-def _to_compact(trace: Trace) -> list[bytes | memoryview]:
-    arrays = []
-    for a in trace.device_traces:
-        if len(a) and (a["frames"] != NO_FRAMES).any():
-            a = a.copy()
-            a["frames"] = NO_FRAMES  # the compact format carries no stacks
-        arrays.append(a)
-    header = {
-        "device_type": trace.device_type,
-        "segments": _jsonable([_strip_frames(s) for s in trace.segments]),
-        "allocator_settings": _jsonable(trace.allocator_settings),
-        "external_annotations": _jsonable(trace.external_annotations),
-        "extra": _jsonable(trace.extra),
-    }
-    return compact.encode(header, arrays)
-
-
-def _from_compact(data: bytes, source: str, limits: TraceLimits) -> Trace:
-    header, arrays = compact.decode(data, source, limits)
-    if any(len(a) and (a["frames"] != NO_FRAMES).any() for a in arrays):
-        raise TraceFormatError(f"{source}: compact trace events refer to stack frames it lacks.")
-    meta = {
-        "segments": header.get("segments") or [],
-        "device_traces": [],
-    }
-    for key in ("allocator_settings", "external_annotations"):
-        if header.get(key) is not None:
-            meta[key] = header[key]
-    extra = header.get("extra") or {}
-    if not isinstance(extra, dict) or any(k in meta or k == META_KEY for k in extra):
-        raise TraceFormatError(f"{source}: compact trace header has a malformed 'extra'.")
-    meta.update(extra)
-    base = Trace.from_snapshot(meta, source, limits)
-    base.device_traces = arrays
-    dt = header.get("device_type")
-    base.device_type = dt if dt in DEVICE_TYPES else _infer_device_type(base)
-    return base

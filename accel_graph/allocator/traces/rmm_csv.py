@@ -27,7 +27,7 @@ import numpy as np
 
 from ...errors import TraceFormatError
 from .actions import ACTION_CODE
-from .torch_snapshot import NO_FRAMES, NO_TIME, TRACE_DTYPE, TraceLimits
+from .record import NO_FRAMES, NO_TIME, TRACE_DTYPE, TraceLimits
 
 __all__ = ["is_rmm_csv", "read_rmm_csv"]
 

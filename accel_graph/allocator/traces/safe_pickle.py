@@ -13,7 +13,7 @@ from __future__ import annotations
 import io
 import pickle
 
-from .torch_snapshot import TraceFormatError
+from ...errors import TraceFormatError
 
 __all__ = ["safe_loads"]
 

@@ -4,7 +4,9 @@ The library side of ``accel-alloc tune`` (docs/accel-alloc-tune.md). :func:`buil
 the knobs a profile honours and the values tried (and which knobs are skipped, and why);
 :func:`search_space` is its full grid as canonical config strings; :func:`tune` evaluates a
 structured subset of it with :func:`~accel_graph.allocator.sim.scenario.simulate` (one C call per
-configuration) and ranks the results.
+configuration) and ranks the results (:mod:`.ranking`). :func:`build_space`/:func:`search_space`
+live in :mod:`.space`, the ranking in :mod:`.ranking`; both are re-exported here, the front of
+``accel-alloc tune``.
 
 Search design (a full grid is about a thousand configurations; the default budget is 256):
 
@@ -35,26 +37,25 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ...errors import ConfigError
 from ..alloc_conf import AllocatorSettings, parse_config
-from ..core.engine import POLICIES, POLICY_KEYS
+from ..core.settings import POLICIES, POLICY_KEYS
 from ..sim import profiles as _profiles
 from ..sim.scenario import (
-    CONFIG_DEVICE,
     CapacityError,
-    Figures,
     UnsupportedTraceError,
     make_scenario,
     recorded_settings,
-    scenario_profile,
     simulate,
 )
+from .ranking import MALLOCS_PEAK_SLACK, OBJECTIVES, Candidate, pareto_front, rank
+from .space import KNOB_VALUES, SearchSpace, build_space, search_space
 
 __all__ = [
     "DEFAULT_BUDGET",
@@ -72,321 +73,18 @@ __all__ = [
 ]
 
 MIB = 1 << 20
-OBJECTIVES = ("peak", "mallocs", "pareto")
 #: configurations evaluated by default (the policy comparison rows come on top).
 DEFAULT_BUDGET = 256
-#: ``mallocs`` objective: peak reserved may exceed the lowest peak by this fraction.
-MALLOCS_PEAK_SLACK = 0.05
-
-#: Values tried per knob (``None``/unset is always tried too). ``max_split`` is the pair
-#: (max_split_size_mb, max_non_split_rounding_mb): the rounding window only acts with a split
-#: limit, so it is searched inside it. ``gc`` is (garbage_collection_threshold,
-#: per_process_memory_fraction): the threshold is inert without a fraction (pytorch#106660).
-KNOB_VALUES: dict[str, tuple[Any, ...]] = {
-    "max_split": tuple((ms, mnsr) for ms in (32, 64, 128, 256, 512)
-                       for mnsr in (None, 64, 256, 1024)),
-    "roundup_power2_divisions": ("2", "4", "8", "16", "[256:2,512:4,1024:8,>:16]",
-                                 "[512:8,>:4]", "[512:4,>:8]", "[2:0,>:4]"),
-    "large_segment_size_mb": (32, 64),
-    "gc": tuple((thr, frac) for thr in (0.6, 0.8) for frac in (0.9, 0.95)),
-}
 _KNOBS = tuple(KNOB_VALUES)
 _PAIR_TOP = 3
 _COMBINE_TOP = 2
 _REFINE_TOP = 5
 
 
-# ---------------------------------------------------------------------------------------------
-# the space
-
-
-@dataclass(frozen=True)
-class SearchSpace:
-    """The knobs a profile honours, the values tried for each, and the knobs skipped (with the
-    reason). ``expandable`` lists the expandable_segments values tried."""
-
-    profile: _profiles.Profile
-    policy: str
-    device: str  # config.py's device vocabulary (cuda, hip, xpu)
-    expandable: tuple[bool, ...]
-    knobs: dict[str, tuple[Any, ...]]
-    skipped: tuple[tuple[str, str], ...]
-    cap: int | None = None
-
-    def config_string(self, es: bool, choice: dict[str, Any]) -> str:
-        """The (not yet canonical) config string of one grid point."""
-        parts: list[str] = []
-        lss = choice.get("large_segment_size_mb")
-        if lss is not None:
-            parts.append(f"large_segment_size_mb:{lss}")
-        ms = choice.get("max_split")
-        if ms is not None:
-            parts.append(f"max_split_size_mb:{ms[0]}")
-            if ms[1] is not None:
-                parts.append(f"max_non_split_rounding_mb:{ms[1]}")
-        rp2 = choice.get("roundup_power2_divisions")
-        if rp2 is not None:
-            parts.append(f"roundup_power2_divisions:{rp2}")
-        if es:
-            parts.append("expandable_segments:True")
-        gc = choice.get("gc")
-        if gc is not None:
-            parts.append(f"garbage_collection_threshold:{gc[0]}")
-            parts.append(f"per_process_memory_fraction:{gc[1]}")
-        return ",".join(parts)
-
-    def canonical(self, text: str) -> str | None:
-        """The canonical form of ``text`` on this device, or None when torch would reject it."""
-        try:
-            return parse_config(text, self.device).to_string()
-        except ConfigError:
-            return None
-
-    def grid(self) -> list[tuple[bool, dict[str, Any]]]:
-        """Every grid point (valid or not), in a fixed order."""
-        names = list(self.knobs)
-        axes = [(None, *self.knobs[n]) for n in names]
-        return [(es, dict(zip(names, combo))) for es in self.expandable
-                for combo in itertools.product(*axes)]
-
-
-def build_space(trace: Any, profile: str | _profiles.Profile | None = None,
-                cap: int | None = None, policy: str | None = None) -> SearchSpace:
-    """The knobs and values :func:`tune` searches for ``trace`` under ``profile``.
-
-    Knobs the profile does not honour (``Profile.settings_keys``), or that its engine policy
-    ignores, are skipped with the reason; so is expandable_segments where the build has none,
-    and the garbage-collection pair without a capacity.
-    """
-    prof = scenario_profile(trace, profile)
-    pol = policy or prof.policy
-    keys = prof.settings_keys
-    acts = POLICY_KEYS[pol]
-    skipped: list[tuple[str, str]] = []
-
-    def ignored_by_policy(key: str) -> bool:
-        if key in acts:
-            return False
-        skipped.append((key, f"the {pol} policy ignores it; it would change nothing"))
-        return True
-
-    if not (prof.expandable_segments and "expandable_segments" in keys):
-        expandable: tuple[bool, ...] = (False,)
-        skipped.append(("expandable_segments",
-                        f"profile {prof.name} has no expandable segments"
-                        if not prof.expandable_segments else
-                        f"profile {prof.name} does not honour expandable_segments"))
-    elif ignored_by_policy("expandable_segments"):
-        expandable = (False,)
-    else:
-        expandable = (False, True)
-    knobs: dict[str, tuple[Any, ...]] = {}
-    # max_split_size_mb (+ max_non_split_rounding_mb)
-    if "max_split_size_mb" not in keys:
-        skipped.append(("max_split_size_mb", f"profile {prof.name} does not honour it"))
-    elif ignored_by_policy("max_split_size_mb"):
-        pass
-    else:
-        values = KNOB_VALUES["max_split"]
-        if "max_non_split_rounding_mb" not in keys:
-            values = tuple(v for v in values if v[1] is None)
-            skipped.append(("max_non_split_rounding_mb",
-                            f"profile {prof.name} does not honour it"))
-        knobs["max_split"] = values
-    # roundup_power2_divisions
-    if "roundup_power2_divisions" not in keys:
-        skipped.append(("roundup_power2_divisions", f"profile {prof.name} does not honour it"))
-    elif ignored_by_policy("roundup_power2_divisions"):
-        pass
-    elif prof.rounding == "xpu":
-        skipped.append(("roundup_power2_divisions",
-                        "the xpu allocator rounds to 512 bytes only; the divisions are not applied"))
-    elif not prof.roundup_applied:
-        skipped.append(("roundup_power2_divisions",
-                        f"profile {prof.name} does not apply it (PR #160666)"))
-    else:
-        knobs["roundup_power2_divisions"] = KNOB_VALUES["roundup_power2_divisions"]
-    # large_segment_size_mb
-    if "large_segment_size_mb" in keys:
-        if not ignored_by_policy("large_segment_size_mb"):
-            knobs["large_segment_size_mb"] = KNOB_VALUES["large_segment_size_mb"]
-    else:
-        skipped.append(("large_segment_size_mb", f"profile {prof.name} does not honour it "
-                        f"(fixed at {prof.large_segment_size // MIB} MiB; configurable from "
-                        "torch 2.13)"))
-    # garbage_collection_threshold + per_process_memory_fraction
-    if cap is None:
-        skipped.append(("garbage_collection_threshold",
-                        "needs --cap: the threshold acts only with per_process_memory_fraction "
-                        "(pytorch#106660), and a fraction needs the device's size"))
-    elif "per_process_memory_fraction" not in keys or "garbage_collection_threshold" not in keys:
-        skipped.append(("garbage_collection_threshold",
-                        f"profile {prof.name} has no per_process_memory_fraction config key "
-                        "(torch 2.13+), and the threshold is inert without a fraction "
-                        "(pytorch#106660)"))
-    elif not ignored_by_policy("garbage_collection_threshold"):
-        knobs["gc"] = KNOB_VALUES["gc"]
-    return SearchSpace(prof, pol, CONFIG_DEVICE.get(prof.device, "cuda"), expandable, knobs,
-                       tuple(skipped), cap)
-
-
-def search_space(trace: Any, profile: str | _profiles.Profile | None = None,
-                 cap: int | None = None) -> list[str]:
-    """The full grid for ``trace`` under ``profile`` as distinct canonical config strings (each
-    one parses on the profile's device), in a fixed order. :func:`tune` evaluates a structured
-    subset of it."""
-    space = build_space(trace, profile, cap)
-    seen: dict[str, None] = {}
-    for es, choice in space.grid():
-        c = space.canonical(space.config_string(es, choice))
-        if c is not None:
-            seen.setdefault(c, None)
-    return list(seen)
-
-
-# ---------------------------------------------------------------------------------------------
-# candidates and ranking
-
-
-@dataclass
-class Candidate(Figures):
-    """One evaluated configuration. ``config`` is canonical (``""`` = torch's defaults)."""
-
-    config: str | None  # None: the recorded settings, not expressible as a config string
-    policy: str
-    stage: str
-    notes: tuple[str, ...] = ()
-    #: entries (``key:value``) that differ from the baseline's canonical string
-    distance: int = 0
-    es: bool | None = None
-    choice: dict[str, Any] | None = field(default=None, repr=False)
-
-    @property
-    def label(self) -> str:
-        if self.config is None:
-            return "(as recorded)"
-        return self.config or "(defaults)"
-
-    def metrics(self) -> tuple[int, int, int, int, int, int]:
-        """What two configurations must share to be equivalent results."""
-        return (self.peak_reserved, self.device_mallocs, self.device_frees, self.maps,
-                self.unmaps, self.ooms)
-
-    def to_json(self, baseline: Candidate | None = None) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "config": self.config,
-            "label": self.label,
-            "policy": self.policy,
-            "stage": self.stage,
-            **self.figures_json(),
-            "oom": self.ooms > 0,
-            "changed_entries": self.distance,
-            "notes": list(self.notes),
-        }
-        if baseline is not None:
-            out["delta"] = delta(self, baseline)
-        return out
-
-
-def delta(c: Candidate, baseline: Candidate) -> dict[str, Any]:
-    """``c`` minus ``baseline``: peak reserved (bytes and relative) and device calls."""
-    d = c.peak_reserved - baseline.peak_reserved
-    return {
-        "peak_reserved": d,
-        "peak_reserved_relative": (round(d / baseline.peak_reserved, 6)
-                                   if baseline.peak_reserved else None),
-        "device_calls": c.device_calls - baseline.device_calls,
-        "ooms": c.ooms - baseline.ooms,
-    }
-
-
 def _entries(config: str | None) -> set[str]:
     from ..sim.scenario import top_level_entries
 
     return {e for e in top_level_entries(config or "") if e}
-
-
-def _tie(c: Candidate) -> tuple[int, int, str]:
-    return (c.distance, len(c.config or ""), c.config or "")
-
-
-def pareto_front(cands: Iterable[Candidate]) -> list[Candidate]:
-    """The non-dominated candidates on (peak reserved, device calls), both minimised, among
-    those without out-of-memory events (all of them when every one has some); one per point
-    (the one closest to the baseline), sorted by peak reserved."""
-    pool = list(cands)
-    ok = [c for c in pool if c.ooms == 0] or pool
-    best: dict[tuple[int, int], Candidate] = {}
-    for c in ok:
-        k = (c.peak_reserved, c.device_calls)
-        if k not in best or _tie(c) < _tie(best[k]):
-            best[k] = c
-    front: list[Candidate] = []
-    min_calls = None
-    for k in sorted(best):  # by peak, then calls: a point is kept when its calls improve
-        if min_calls is None or k[1] < min_calls:
-            front.append(best[k])
-            min_calls = k[1]
-    return front
-
-
-def _layers(cands: Sequence[Candidate]) -> dict[int, int]:
-    """Non-dominated sorting on (peak reserved, device calls): id(candidate) -> front index
-    (0 = the Pareto front). Equal points share a front."""
-    left = list(cands)
-    out: dict[int, int] = {}
-    layer = 0
-    while left:
-        pts = sorted(left, key=lambda c: (c.peak_reserved, c.device_calls))
-        keep: set[int] = set()
-        min_calls: int | None = None  # fewest calls among strictly lower peaks
-        i = 0
-        while i < len(pts):
-            j = i
-            while j < len(pts) and pts[j].peak_reserved == pts[i].peak_reserved:
-                j += 1
-            lo = pts[i].device_calls  # the group's fewest calls (sorted)
-            if min_calls is None or lo < min_calls:
-                keep.update(id(c) for c in pts[i:j] if c.device_calls == lo)
-                min_calls = lo
-            i = j
-        for c in left:
-            if id(c) in keep:
-                out[id(c)] = layer
-        left = [c for c in left if id(c) not in keep]
-        layer += 1
-    return out
-
-
-def rank(cands: Sequence[Candidate], objective: str = "peak") -> list[Candidate]:
-    """``cands`` best first under ``objective`` (see the module docstring)."""
-    if objective not in OBJECTIVES:
-        raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}; got {objective!r}")
-    cands = list(cands)
-    if objective == "peak":
-        return sorted(cands, key=lambda c: (c.ooms > 0, c.peak_reserved, c.device_calls,
-                                            c.ooms, *_tie(c)))
-    if objective == "mallocs":
-        ok = [c.peak_reserved for c in cands if c.ooms == 0] or [c.peak_reserved for c in cands]
-        limit = min(ok) * (1 + MALLOCS_PEAK_SLACK) if ok else 0
-        return sorted(cands, key=lambda c: (c.ooms > 0, c.peak_reserved > limit, c.device_calls,
-                                            c.peak_reserved, c.ooms, *_tie(c)))
-    ok = [c for c in cands if c.ooms == 0]
-    layer = _layers(ok)
-    knee = _knee(pareto_front(ok)) if ok else None
-    return sorted(cands, key=lambda c: (c.ooms > 0, c is not knee, layer.get(id(c), 1 << 30),
-                                        c.peak_reserved, c.device_calls, *_tie(c)))
-
-
-def _knee(front: Sequence[Candidate]) -> Candidate | None:
-    """The front point with the smallest summed relative excess over the front's best on each
-    axis: ``peak / min_peak + (calls + 1) / (min_calls + 1)``; ties to the lower peak."""
-    if not front:
-        return None
-    p0 = min(c.peak_reserved for c in front) or 1
-    k0 = min(c.device_calls for c in front) + 1
-    return min(front, key=lambda c: (c.peak_reserved / p0 + (c.device_calls + 1) / k0,
-                                     c.peak_reserved))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -545,7 +243,7 @@ def tune(trace: Any, *, objective: str = "peak", cap: int | None = None,
     largest allocation, or no ``cap`` for a trace recorded with a memory fraction) and
     ``ValueError`` for a bad objective or budget.
     """
-    from ..sim.replayer import recorded_summary
+    from ..sim.trace_ops import recorded_summary
 
     if objective not in OBJECTIVES:
         raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}; got {objective!r}")

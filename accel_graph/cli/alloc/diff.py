@@ -18,7 +18,10 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .common import (
+from ...allocator.units import fmt_bytes
+from ..output import emit, format_table
+from .inputs import config_text, load_input, pick_device
+from .options import (
     EXIT_CHECK_FAILED,
     EXIT_USAGE,
     SCHEMA_VERSION,
@@ -26,13 +29,7 @@ from .common import (
     add_json_option,
     add_scenario_options,
     add_trace_options,
-    config_text,
-    emit,
-    fmt_bytes,
-    format_table,
     guarded,
-    load_input,
-    pick_device,
 )
 
 #: metric name -> (SimResult.to_json key, kind) in table order; kind: bytes, count or ratio

@@ -16,15 +16,15 @@ import math
 import os
 from typing import Any
 
-from .common import (
+from ...allocator.units import fmt_bytes
+from ..output import emit
+from .options import (
     EXIT_CAP,
     EXIT_UNSUPPORTED,
     EXIT_USAGE,
     SCHEMA_VERSION,
     CliError,
     add_json_option,
-    emit,
-    fmt_bytes,
     guarded,
 )
 
@@ -66,7 +66,7 @@ def output_format(path: str, given: str | None) -> str:
 def run(args: argparse.Namespace) -> int:
     from ...allocator.alloc_conf import parse_config
     from ...allocator.sim.generate import generate, trace_stats
-    from ...allocator.traces.model import save_trace
+    from ...allocator.traces import save_trace
 
     if args.steps is not None and args.steps < 1:
         raise CliError("--steps must be >= 1", EXIT_USAGE)

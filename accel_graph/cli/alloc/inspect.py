@@ -20,17 +20,10 @@ from typing import Any
 
 import numpy as np
 
-from .common import (
-    EXIT_UNSUPPORTED,
-    CliError,
-    add_json_option,
-    add_trace_options,
-    emit,
-    fmt_bytes,
-    format_table,
-    load_input,
-    pick_device,
-)
+from ...allocator.units import fmt_bytes
+from ..output import emit, format_table
+from .inputs import load_input, pick_device
+from .options import EXIT_UNSUPPORTED, CliError, add_json_option, add_trace_options
 
 _LABELS = {
     "internal_rounding": "internal rounding (block - requested)",

@@ -3,7 +3,7 @@
 Same registry mechanism as ``accel-graph`` (:mod:`accel_graph.cli.main`): one module per
 command defining ``add_arguments(parser)`` and ``run(args) -> int``, imported only when chosen.
 Every user error becomes one line on stderr and a documented exit code
-(:mod:`accel_graph.cli.alloc.common`); the command never prints a traceback for bad input.
+(:mod:`accel_graph.cli.alloc.options`); the command never prints a traceback for bad input.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from ..main import _version, build_parser
-from .common import EXIT_INTERNAL, EXIT_USAGE, CliError
+from ..main import build_parser, package_version
+from .options import EXIT_INTERNAL, EXIT_USAGE, CliError
 
 __all__ = ["COMMANDS", "PROG", "main"]
 
@@ -48,7 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``accel-alloc``; returns the exit status."""
     args_list = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(args_list, prog=PROG, commands=COMMANDS, description=DESCRIPTION,
-                          version=_version())
+                          version=package_version())
     try:
         args = parser.parse_args(args_list)
     except SystemExit as e:  # argparse: --help/--version exit 0, usage errors exit 2

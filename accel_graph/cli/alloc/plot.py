@@ -22,7 +22,10 @@ import io
 import os
 from typing import Any
 
-from .common import (
+from ...allocator.units import fmt_bytes
+from ..output import emit, format_table
+from .inputs import config_text, load_input, pick_device
+from .options import (
     EXIT_MISSING_DEP,
     EXIT_USAGE,
     SCHEMA_VERSION,
@@ -30,13 +33,7 @@ from .common import (
     add_json_option,
     add_scenario_options,
     add_trace_options,
-    config_text,
-    emit,
-    fmt_bytes,
-    format_table,
     guarded,
-    load_input,
-    pick_device,
 )
 
 #: output extension -> kind

@@ -11,20 +11,17 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .common import (
+from ...allocator.units import fmt_bytes
+from ..output import emit, format_table
+from .inputs import load_input, pick_device, scenario_from_args
+from .options import (
     EXIT_USAGE,
     SCHEMA_VERSION,
     CliError,
     add_json_option,
     add_scenario_options,
     add_trace_options,
-    emit,
-    fmt_bytes,
-    format_table,
     guarded,
-    load_input,
-    pick_device,
-    scenario_from_args,
 )
 
 

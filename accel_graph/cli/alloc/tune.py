@@ -15,7 +15,10 @@ import os
 import sys
 from typing import Any
 
-from .common import (
+from ...allocator.units import fmt_bytes
+from ..output import emit, format_table
+from .inputs import load_input, pick_device
+from .options import (
     EXIT_USAGE,
     SCHEMA_VERSION,
     CliError,
@@ -23,12 +26,7 @@ from .common import (
     add_json_option,
     add_profile_option,
     add_trace_options,
-    emit,
-    fmt_bytes,
-    format_table,
     guarded,
-    load_input,
-    pick_device,
 )
 
 

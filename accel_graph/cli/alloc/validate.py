@@ -13,19 +13,17 @@ from typing import Any
 
 import numpy as np
 
-from .common import (
+from ...allocator.units import fmt_bytes
+from ..output import emit, format_table
+from .inputs import load_input, pick_device
+from .options import (
     EXIT_CHECK_FAILED,
     SCHEMA_VERSION,
     add_cap_option,
     add_json_option,
     add_profile_option,
     add_trace_options,
-    emit,
-    fmt_bytes,
-    format_table,
     guarded,
-    load_input,
-    pick_device,
 )
 
 _COUNTS = ("segment_alloc", "segment_free", "segment_map", "segment_unmap")

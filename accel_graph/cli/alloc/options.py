@@ -1,4 +1,5 @@
-"""What every ``accel-alloc`` command shares: exit codes, input loading, scenarios, output.
+"""What every ``accel-alloc`` command shares on the way in and out: exit codes, the user-error
+type, and the argparse options.
 
 Exit codes (stable; scripts may rely on them, see docs/accel-alloc.md):
 
@@ -19,21 +20,18 @@ code   meaning
 70     an internal error (a bug: please report it with the command line)
 =====  ==========================================================================================
 
-Errors print one line, ``accel-alloc COMMAND: error: ...``, on stderr; nothing in an input file
-is ever executed (pickles go through an unpickler that refuses every global).
+
+Errors print one line, ``accel-alloc COMMAND: error: ...``, on stderr (:class:`CliError`,
+:func:`guarded`); nothing in an input file is ever executed (pickles go through an unpickler
+that refuses every global).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import os
 import sys
-from collections.abc import Iterable, Sequence
 from typing import Any
-
-from ...allocator.units import fmt_bytes
 
 __all__ = [
     "EXIT_BAD_CONFIG",
@@ -52,13 +50,11 @@ __all__ = [
     "add_profile_option",
     "add_scenario_options",
     "add_trace_options",
-    "emit",
-    "fmt_bytes",
-    "format_table",
-    "load_input",
+    "guarded",
     "parse_size",
-    "scenario_from_args",
+    "warn",
 ]
+
 
 EXIT_OK = 0
 EXIT_CHECK_FAILED = 1
@@ -83,7 +79,7 @@ class CliError(Exception):
 
 
 # ---------------------------------------------------------------------------------------------
-# sizes and tables
+# sizes
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20,
           "mb": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30,
@@ -116,40 +112,12 @@ def parse_size(text: str) -> int:
     return size
 
 
-def format_table(headers: Sequence[str], rows: Iterable[Sequence[Any]],
-                 align: str | None = None) -> str:
-    """A plain-text table; ``align`` is one char per column (``l``/``r``, default: text left,
-    numbers right)."""
-    body = [[str(c) for c in r] for r in rows]
-    cols = list(zip(*([list(headers)] + body), strict=False)) if body else [[h] for h in headers]
-    width = [max(len(c) for c in col) for col in cols]
-    if align is None:
-        align = "".join("r" if body and all(_numeric(r[i]) for r in body) else "l"
-                        for i in range(len(headers)))
-
-    def line(cells: Sequence[str]) -> str:
-        out = [c.rjust(w) if a == "r" else c.ljust(w)
-               for c, w, a in zip(cells, width, align, strict=False)]
-        return "  ".join(out).rstrip()
-
-    sep = "  ".join("-" * w for w in width)
-    return "\n".join([line(list(headers)), sep] + [line(r) for r in body])
-
-
-def _numeric(cell: str) -> bool:
-    head = cell.split(" ")[0].replace(",", "").replace("%", "").lstrip("+-x")
-    try:
-        float(head)
-    except ValueError:
-        return cell == "-"
-    return True
-
-
 # ---------------------------------------------------------------------------------------------
 # options shared by commands
 
 
 def add_json_option(parser: argparse.ArgumentParser, doc: str = "docs/accel-alloc.md") -> None:
+    """``--json``: print one JSON document (:func:`accel_graph.cli.output.emit`) instead of text."""
     parser.add_argument("--json", action="store_true",
                         help=f"print one JSON document (schema in {doc}) instead of text")
 
@@ -187,6 +155,7 @@ def add_scenario_options(parser: argparse.ArgumentParser, *, config_required: bo
 
 
 def add_profile_option(parser: argparse.ArgumentParser) -> None:
+    """``--profile NAME``: the torch version x device profile to simulate."""
     parser.add_argument("--profile", default=None, metavar="NAME",
                         help="torch version x device profile, e.g. cuda-2.13, cuda-2.9, rocm-2.13, "
                         "npu, xpu (default: from the trace's device type, newest torch); "
@@ -200,31 +169,6 @@ def add_cap_option(parser: argparse.ArgumentParser, role: str = (
     parser.add_argument("--cap", type=parse_size, default=None, metavar="BYTES",
                         help=f"device memory to simulate (e.g. 80GiB): {role}")
 
-
-#: ``scenario_from_args(config=...)`` default: take ``--config`` from the parsed arguments.
-FROM_ARGS = object()
-#: Words that mean "the settings the trace was recorded with" where a config is expected.
-RECORDED_WORDS = ("recorded", "as-recorded")
-
-
-def config_text(value: str | None) -> str | None:
-    """A ``--config`` value with the words of :data:`RECORDED_WORDS` (any case, surrounding
-    blanks ignored) turned into None, "as recorded"; every command reads them the same way."""
-    if isinstance(value, str) and value.strip().lower() in RECORDED_WORDS:
-        return None
-    return value
-
-
-def scenario_from_args(args: argparse.Namespace, trace: Any, config: Any = FROM_ARGS,
-                       device: int = 0) -> Any:
-    """A :class:`~accel_graph.allocator.sim.scenario.Scenario` from the shared options (``config``
-    overrides ``--config``; None or a word of :data:`RECORDED_WORDS` = as recorded), with every
-    user error turned into a :class:`CliError` carrying the documented exit code."""
-    from ...allocator.sim.scenario import make_scenario
-
-    text = config_text(args.config if config is FROM_ARGS else config)
-    return guarded(lambda: make_scenario(
-        trace, text, policy=args.policy, profile=args.profile, cap=args.cap, device=device))
 
 
 def guarded(fn: Any) -> Any:
@@ -244,93 +188,6 @@ def guarded(fn: Any) -> Any:
 
 
 # ---------------------------------------------------------------------------------------------
-# input
-
-
-def load_input(path: str, device_type: str | None = None) -> Any:
-    """Load any supported trace file (format sniffed from the content) as a
-    :class:`~accel_graph.allocator.traces.model.Trace`. Unreadable or hostile files raise
-    :class:`CliError` with :data:`EXIT_BAD_TRACE`."""
-    from ...allocator.traces.model import load_trace
-
-    if not os.path.exists(path):
-        raise CliError(f"{path}: no such file", EXIT_BAD_TRACE)
-    if os.path.isdir(path):
-        raise CliError(f"{path}: is a directory; pass a trace file", EXIT_BAD_TRACE)
-    trace = guarded(lambda: load_trace(path, device_type=device_type))
-    foreign = getattr(trace, "unsupported_device", None)
-    if trace.device_type is None and foreign:
-        raise CliError(
-            f"{path}: recorded on a '{foreign}' device, for which accel-alloc has no allocator "
-            "model (it models cuda, rocm, xpu and npu); if its allocator is a port of PyTorch's "
-            "CUDA caching allocator, pass --device-type cuda to analyse it as one",
-            EXIT_UNSUPPORTED)
-    return trace
-
-
-#: Said when a file holds segments but no events: nothing to replay.
-NO_HISTORY = ("the file holds the allocator's segments but no event history (the legacy list "
-              "format of torch.cuda.memory_snapshot(), or a snapshot taken without "
-              "torch.cuda.memory._record_memory_history()), so there is nothing to replay; "
-              "`accel-alloc inspect` shows the state it captured. Record with "
-              "_record_memory_history() before the workload to simulate it")
-
-
-def pick_device(trace: Any, device: int | None, *, quiet: bool = False) -> int:
-    """The device index to simulate: ``device`` if it has events, else the busiest one (with a
-    warning on stderr naming the others, unless ``quiet``)."""
-    counts = {i: len(a) for i, a in enumerate(trace.device_traces)}
-    if device is not None:
-        if not counts.get(device):
-            if not any(counts.values()) and trace.segments:
-                raise CliError(NO_HISTORY, EXIT_UNSUPPORTED)
-            have = ", ".join(str(i) for i, n in counts.items() if n) or "none"
-            raise CliError(f"the trace has no events for device {device} (devices with events: "
-                           f"{have}); pass --device with one of those", EXIT_UNSUPPORTED)
-        return device
-    if not any(counts.values()):
-        if trace.segments:
-            raise CliError(NO_HISTORY, EXIT_UNSUPPORTED)
-        raise CliError("the trace has no allocator events on any device; record with "
-                       "torch.cuda.memory._record_memory_history() before the workload",
-                       EXIT_UNSUPPORTED)
-    chosen = max(counts, key=lambda i: (counts[i], -i))
-    others = [str(i) for i, n in counts.items() if n and i != chosen]
-    if others and not quiet:
-        warn(f"the trace has events for devices {', '.join(sorted(others + [str(chosen)]))}; "
-             f"using device {chosen} (the most events): pass --device N for another")
-    return chosen
-
-
-# ---------------------------------------------------------------------------------------------
-# output
-
-
-def emit(args: argparse.Namespace, payload: dict[str, Any], text: str | None) -> None:
-    """Print ``payload`` as JSON with ``--json`` (keys sorted, so output is deterministic),
-    else ``text``."""
-    if getattr(args, "json", False):
-        json.dump(payload, sys.stdout, indent=2, sort_keys=True, default=_json_default)
-        sys.stdout.write("\n")
-    elif text is not None:
-        sys.stdout.write(text.rstrip("\n") + "\n")
-    sys.stdout.flush()
-
-
-def _json_default(obj: Any) -> Any:
-    try:
-        import numpy as np
-
-        if isinstance(obj, np.integer):
-            return int(obj)
-        if isinstance(obj, np.floating):
-            return float(obj)
-        if isinstance(obj, np.ndarray):
-            return obj.tolist()
-    except ImportError:  # pragma: no cover
-        pass
-    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
-
 
 def warn(message: str) -> None:
     """A warning line on stderr (never mixed into ``--json`` output on stdout)."""

@@ -38,7 +38,6 @@ import ctypes
 import logging
 import os
 import threading
-import warnings
 from typing import Any
 
 import torch
@@ -49,10 +48,11 @@ from ...errors import (
     CaptureError,
     ConfigError,
 )
-from ..alloc_conf import AllocatorSettings, parse_config, settings_from_environment
 from ..traces.actions import ACTIONS
-from .engine import Engine, EngineSettings, check_status
+from .device_settings import device_engine_settings
+from .engine import Engine
 from .loader import CORE_MODULE, load_core
+from .status import check_status
 
 __all__ = [
     "ALLOC_SYMBOL",
@@ -62,6 +62,7 @@ __all__ = [
     "DeviceAllocator",
     "check_capture_allowed",
     "check_library",
+    "control_functions",
     "install_process_allocator",
     "library_path",
     "memory_stats",
@@ -140,7 +141,9 @@ def _same_file(a: str, b: str) -> bool:
         return False
 
 
-def _control(core: Any) -> Any:
+def control_functions(core: Any) -> Any:
+    """``core.lib`` once it is known to export every :data:`CONTROL_SYMBOLS` function; else
+    :class:`BackendUnavailable` naming the missing ones."""
     lib = core.lib
     missing = [s for s in CONTROL_SYMBOLS if not hasattr(lib, s)]
     if missing:
@@ -174,50 +177,6 @@ def _cuda_initialized() -> bool:
     fn = getattr(torch.cuda, "is_initialized", None)
     return bool(fn()) if fn is not None else False
 
-
-def _loaded_runtime_libs(kind: str) -> tuple[str, ...]:
-    """Paths of the CUDA/HIP runtime libraries already mapped into this process (torch's own),
-    so the engine calls the same copy torch does instead of whatever ``dlopen`` finds by name."""
-    stem = "libamdhip64.so" if kind == "hip" else "libcudart.so"
-    found: list[str] = []
-    try:
-        with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                path = line.rsplit(None, 1)[-1] if "/" in line else ""
-                if os.path.basename(path).startswith(stem) and path not in found:
-                    found.append(path)
-    except OSError:
-        pass
-    return tuple(found)
-
-
-def _engine_settings(settings: object, kind: str) -> EngineSettings:
-    if settings is None:
-        parsed, _ = settings_from_environment(device=kind)
-        settings = parsed
-    if isinstance(settings, str):
-        settings = parse_config(settings, device=kind)
-    if isinstance(settings, AllocatorSettings):
-        settings = EngineSettings.from_allocator_settings(settings)
-    if not isinstance(settings, EngineSettings):
-        raise ConfigError(
-            f"settings must be None (use PYTORCH_CUDA_ALLOC_CONF / PYTORCH_ALLOC_CONF), a config "
-            f"string, AllocatorSettings or EngineSettings; got {type(settings).__name__}"
-        )
-    overrides: dict[str, Any] = {"device_kind": kind}
-    if settings.expandable_segments:
-        warnings.warn(
-            "expandable_segments is ignored by the device allocator plug-in: its device "
-            "upstream uses cudaMalloc/hipMalloc, not the driver's virtual-memory API",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-        overrides["expandable_segments"] = False
-    if not settings.device_libs:
-        overrides["device_libs"] = _loaded_runtime_libs(kind)
-    values = {f: getattr(settings, f) for f in EngineSettings.__dataclass_fields__}
-    values.update(overrides)
-    return EngineSettings(**values)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -253,7 +212,7 @@ class DeviceAllocator:
         upstream: str = "device",
     ) -> None:
         self.kind = _device_kind()
-        self.settings = _engine_settings(settings, self.kind)
+        self.settings = device_engine_settings(settings, self.kind)
         self.library = check_library(None if library is None else os.fspath(library))
         core = load_core()
         if library is not None and not _same_file(self.library, library_path()):
@@ -262,7 +221,7 @@ class DeviceAllocator:
                 f"({library_path()}): torch would call entry points that do not see the engines "
                 f"bound here. Omit library= to use the core"
             )
-        self._lib = _control(core)
+        self._lib = control_functions(core)
         self._ffi = core.ffi
         if devices is None:
             devices = range(int(torch.cuda.device_count()))
@@ -470,7 +429,7 @@ def install_process_allocator(allocator: DeviceAllocator | None = None, **kwargs
                 return _process
             raise AllocatorStateError(
                 "a DeviceAllocator is already the whole-process allocator and torch cannot swap "
-                "it again; use accel_graph.allocator.core.plugin.process_allocator() to reach it"
+                "it again; use accel_graph.allocator.core.device_plugin.process_allocator() to reach it"
             )
         mem = _cuda_memory()
         if _cuda_initialized():
@@ -494,7 +453,7 @@ def _too_late(why: str) -> str:
     return (
         f"cannot make the accel-graph allocator the whole-process CUDA allocator: {why}, and "
         f"torch can swap its allocator only before that. Call "
-        f"accel_graph.allocator.core.plugin.install_process_allocator() first thing in the process, "
+        f"accel_graph.allocator.core.device_plugin.install_process_allocator() first thing in the process, "
         f"before any CUDA tensor, torch.cuda.init() or import that touches CUDA; or keep torch's "
         f"allocator and use DeviceAllocator().mem_pool() with torch.cuda.use_mem_pool(), which "
         f"works at any time and also supports graph capture"

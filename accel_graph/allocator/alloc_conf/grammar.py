@@ -1,0 +1,381 @@
+"""The ``PYTORCH_ALLOC_CONF`` grammar: torch 2.13's token walk, with messages that say what is wrong.
+
+:func:`parse_config` is the entry point (the package docstring states the contract);
+:class:`ConfigParser` is one parse of one string for one device.
+"""
+
+from __future__ import annotations
+
+from ...errors import ConfigError
+from .numbers import SEPARATORS, Malformed, NumberError, is_pow2, stod, stoull, tokenize
+from .settings import DEVICES, MIB, ROUNDUP_INTERVALS, SIZE_MAX, AllocatorSettings
+
+__all__ = ["CORE_KEYS", "CUDA_KEYS", "ConfigParser", "parse_config"]
+
+# Keys of c10::CachingAllocator::AcceleratorAllocatorConfig (every build parses these).
+CORE_KEYS = (
+    "large_segment_size_mb",
+    "max_split_size_mb",
+    "max_non_split_rounding_mb",
+    "garbage_collection_threshold",
+    "roundup_power2_divisions",
+    "expandable_segments",
+    "pinned_use_background_threads",
+    "pinned_max_round_threshold_mb",
+    "pinned_max_cached_size_mb",
+)
+# Keys the CUDA/ROCm hook registers (CUDAAllocatorConfig::getKeys in 2.13). Both spellings of
+# the cuda/hip pairs are accepted on both builds: torch breaks the strings up to dodge hipify.
+CUDA_KEYS = (
+    "backend",
+    "release_lock_on_cudamalloc",
+    "release_lock_on_hipmalloc",
+    "pinned_use_cuda_host_register",
+    "pinned_use_hip_host_register",
+    "pinned_num_register_threads",
+    "pinned_reserve_segment_size_mb",
+    "graph_capture_record_stream_reuse",
+    "per_process_memory_fraction",
+    "pinned_free_catch_all",
+    "throw_on_cudamalloc_oom",
+)
+_MAX_PINNED_REGISTER_THREADS = 128
+
+_LEGAL = {
+    "large_segment_size_mb": "an integer number of MiB > 10 (default 20)",
+    "max_split_size_mb": "an integer number of MiB >= large_segment_size_mb (20 by default); "
+    "default unlimited",
+    "max_non_split_rounding_mb": "an integer number of MiB >= large_segment_size_mb "
+    "(20 by default); default = large_segment_size_mb",
+    "garbage_collection_threshold": "a number strictly between 0.0 and 1.0; default 0 (off)",
+    "roundup_power2_divisions": "a power of 2 for every interval, or a list [K:d,...,>:d] with "
+    "K a power-of-2 MiB boundary and d a power of 2 or 0",
+    "pinned_max_round_threshold_mb": "an integer number of MiB; default unlimited",
+    "pinned_max_cached_size_mb": "an integer number of MiB; default unlimited",
+    "backend": "native or cudaMallocAsync",
+    "pinned_num_register_threads": "a power of 2 <= 128; default 1",
+    "pinned_reserve_segment_size_mb": "an integer number of MiB > 0; default 0 (off)",
+    "per_process_memory_fraction": "a number in [0.0, 1.0]; default 1.0",
+}
+_BOOL_LEGAL = "exactly True or False (case-sensitive)"
+_SYNTAX = "entries are key:value separated by ',', list values are [a:b,c:d]"
+
+
+def legal_values(key: str, device: str) -> str:
+    if key == "backend" and device == "hip":
+        return "native, cudaMallocAsync or hipMallocAsync"
+    return _LEGAL.get(key, _BOOL_LEGAL)
+
+
+class ConfigParser:
+    """One parse of one string for one device: torch's token walk with our error messages."""
+
+    def __init__(self, text: str, device: str) -> None:
+        self.text = text
+        self.device = device
+        self.tokens = tokenize(text)
+        self.key = ""
+        self.values: dict[str, object] = {}
+
+    # -- token access: out-of-bounds is torch's internal assert, a malformed string for us
+    def tok(self, i: int) -> str:
+        if i >= len(self.tokens):
+            raise Malformed(i)
+        return self.tokens[i]
+
+    def check(self, i: int, token: str) -> bool:
+        return self.tok(i) == token
+
+    def error(self, message: str) -> ConfigError:
+        key = self.key
+        err = ConfigError(
+            f"invalid allocator config {self.text!r}: {message.rstrip()} "
+            f"(key '{key}': legal values are {legal_values(key, self.device)})"
+        )
+        err.key = key  # type: ignore[attr-defined]
+        return err
+
+    def to_size(self, i: int) -> int:
+        token = self.tok(i)
+        try:
+            return stoull(token)
+        except NumberError as e:
+            what = (
+                "is out of range for a 64-bit unsigned integer"
+                if e.out_of_range
+                else ("is not a non-negative integer")
+            )
+            raise self.error(f"value '{token}' of {self.key} {what}") from None
+
+    def to_double(self, i: int) -> float:
+        token = self.tok(i)
+        try:
+            return stod(token)
+        except NumberError as e:
+            what = "is out of the range of a double" if e.out_of_range else "is not a number"
+            raise self.error(f"value '{token}' of {self.key} {what}") from None
+
+    def to_bool(self, i: int) -> bool:
+        token = self.tok(i)
+        if token == "True":
+            return True
+        if token == "False":
+            return False
+        raise self.error(
+            f"Expected 'True' or 'False' at index {i} in ConfigTokenizer but got '{token}'"
+        )
+
+    def skip_key(self, i: int) -> int:
+        self.check(i + 1, ":")  # result ignored, as in torch: only the bounds matter
+        i += 2
+        if self.tok(i) != "[":
+            return i
+        i += 1
+        while i < len(self.tokens) and self.tokens[i] != "]":
+            i += 1
+        if i >= len(self.tokens):
+            raise Malformed(i)
+        return i
+
+    # -- the core (AcceleratorAllocatorConfig) keys
+    def parse_large_segment(self, i: int) -> int:
+        self.key = "large_segment_size_mb"
+        self.check(i + 1, ":")
+        i += 2
+        value = self.to_size(i)
+        if not value > 10:
+            raise self.error("CachingAllocator option large_segment_size_mb must be > 10 MB")
+        self.values["large_segment_size"] = min(value, SIZE_MAX // MIB) * MIB
+        return i
+
+    def parse_mb_at_least_large(self, i: int, key: str, name: str) -> int:
+        self.key = key
+        self.check(i + 1, ":")
+        i += 2
+        value = self.to_size(i)
+        minimum = self.values["large_segment_size"] // MIB  # type: ignore[operator]
+        if value < minimum:
+            raise self.error(f"CachingAllocator option {key} too small, must be >= {minimum}")
+        self.values[name] = min(value, SIZE_MAX // MIB) * MIB
+        return i
+
+    def parse_gc(self, i: int) -> int:
+        self.key = "garbage_collection_threshold"
+        self.check(i + 1, ":")
+        i += 2
+        value = self.to_double(i)
+        if not (value > 0 and value < 1.0):
+            raise self.error("garbage_collect_threshold is invalid, set it in (0.0, 1.0)")
+        self.values["garbage_collection_threshold"] = value
+        return i
+
+    def parse_roundup(self, i: int) -> int:
+        self.key = "roundup_power2_divisions"
+        self.check(i + 1, ":")
+        i += 2
+        divs = [0] * ROUNDUP_INTERVALS
+        if self.tok(i) == "[":
+            first_value = True
+            last_index = 0
+            i += 1
+            while i < len(self.tokens) and self.tokens[i] != "]":
+                boundary_index = i
+                self.check(i + 1, ":")
+                i += 2
+                value = self.to_size(i)
+                if not (value == 0 or is_pow2(value)):
+                    raise self.error(
+                        "For roundups, the divisions has to be power of 2 or 0 to disable roundup "
+                    )
+                if self.tokens[boundary_index] == ">":
+                    for j in range(last_index + 1, ROUNDUP_INTERVALS):
+                        divs[j] = value
+                else:
+                    boundary = self.to_size(boundary_index)
+                    if not is_pow2(boundary):
+                        raise self.error("For roundups, the intervals have to be power of 2 ")
+                    index = min(boundary.bit_length() - 1, ROUNDUP_INTERVALS - 1)
+                    if first_value:
+                        divs[:index] = [value] * index
+                        first_value = False
+                    divs[index] = value
+                    last_index = index
+                if self.tok(i + 1) != "]":
+                    i += 1  # torch's checkToken(',') result is ignored
+                i += 1
+            if i >= len(self.tokens):
+                raise Malformed(i)
+        else:
+            value = self.to_size(i)
+            if not is_pow2(value):
+                raise self.error("For roundups, the divisions has to be power of 2 ")
+            divs = [value] * ROUNDUP_INTERVALS
+        self.values["roundup_power2_divisions"] = tuple(divs)
+        return i
+
+    def parse_bool(self, i: int, key: str, name: str) -> int:
+        self.key = key
+        self.check(i + 1, ":")
+        i += 2
+        self.values[name] = self.to_bool(i)
+        return i
+
+    def parse_pinned_mb(self, i: int, key: str, name: str) -> int:
+        self.key = key
+        self.check(i + 1, ":")
+        i += 2
+        # torch multiplies in size_t without a check, so huge values wrap around.
+        self.values[name] = (self.to_size(i) * MIB) % (1 << 64)
+        return i
+
+    def core_pass(self) -> None:
+        n = len(self.tokens)
+        # large_segment_size_mb is read first, wherever it appears (even inside another key's
+        # list value): the minimums of max_split_size_mb and max_non_split_rounding_mb depend on it.
+        i = 0
+        while i < n:
+            if self.tokens[i] == "large_segment_size_mb":
+                i = self.parse_large_segment(i)
+            i += 1
+        self.values["max_non_split_rounding_size"] = self.values["large_segment_size"]
+        known = set(CORE_KEYS)
+        if self.device in ("cuda", "hip"):
+            known.update(CUDA_KEYS)
+        i = 0
+        while i < n:
+            key = self.tokens[i]
+            self.key = key
+            if key == "large_segment_size_mb":
+                i = self.skip_key(i)
+            elif key == "max_split_size_mb":
+                i = self.parse_mb_at_least_large(i, key, "max_split_size")
+            elif key == "max_non_split_rounding_mb":
+                i = self.parse_mb_at_least_large(i, key, "max_non_split_rounding_size")
+            elif key == "garbage_collection_threshold":
+                i = self.parse_gc(i)
+            elif key == "roundup_power2_divisions":
+                i = self.parse_roundup(i)
+            elif key in ("expandable_segments", "pinned_use_background_threads"):
+                i = self.parse_bool(i, key, key)
+            elif key in ("pinned_max_round_threshold_mb", "pinned_max_cached_size_mb"):
+                i = self.parse_pinned_mb(i, key, key[: -len("_mb")])
+            else:
+                if self.device != "cpu" and key not in known:
+                    raise self.unrecognized(key)
+                i = self.skip_key(i)
+            if i + 1 < n:
+                i += 1  # the ',' after an entry: torch skips it without checking it
+            i += 1
+
+    def unrecognized(self, key: str) -> ConfigError:
+        keys = list(CORE_KEYS) + (list(CUDA_KEYS) if self.device in ("cuda", "hip") else [])
+        hint = " (a stray separator where a key was expected)" if key in SEPARATORS else ""
+        err = ConfigError(
+            f"invalid allocator config {self.text!r}: Unrecognized key '{key}' in Accelerator "
+            f"allocator config.{hint} Keys accepted on {self.device}: {', '.join(keys)}"
+        )
+        err.key = key  # type: ignore[attr-defined]
+        return err
+
+    # -- the CUDA/ROCm hook (CUDAAllocatorConfig::parseArgs), run after the core pass
+    def device_pass(self) -> None:
+        n = len(self.tokens)
+        i = 0
+        while i < n:
+            key = self.tokens[i]
+            self.key = key
+            if key == "backend":
+                self.check(i + 1, ":")
+                i += 2
+                options = ("native", "cudaMallocAsync")
+                message = "Unknown allocator backend, options are native and cudaMallocAsync"
+                if self.device == "hip":
+                    options += ("hipMallocAsync",)
+                    message = (
+                        "Unknown allocator backend, options are native, cudaMallocAsync, "
+                        "and hipMallocAsync"
+                    )
+                if self.tok(i) not in options:
+                    raise self.error(message)
+                self.values["backend"] = self.tok(i)
+            elif key in ("release_lock_on_cudamalloc", "release_lock_on_hipmalloc"):
+                i = self.parse_bool(i, key, "release_lock_on_cudamalloc")
+            elif key in ("pinned_use_cuda_host_register", "pinned_use_hip_host_register"):
+                i = self.parse_bool(i, key, "pinned_use_cuda_host_register")
+            elif key in (
+                "graph_capture_record_stream_reuse",
+                "pinned_free_catch_all",
+                "throw_on_cudamalloc_oom",
+            ):
+                i = self.parse_bool(i, key, key)
+            elif key == "pinned_num_register_threads":
+                self.check(i + 1, ":")
+                i += 2
+                value = self.to_size(i)
+                if not is_pow2(value):
+                    raise self.error(
+                        f"Number of register threads has to be power of 2, got {value}"
+                    )
+                if value > _MAX_PINNED_REGISTER_THREADS:
+                    raise self.error(
+                        "Number of register threads should be less than or equal to "
+                        f"{_MAX_PINNED_REGISTER_THREADS}, got {value}"
+                    )
+                self.values["pinned_num_register_threads"] = value
+            elif key == "pinned_reserve_segment_size_mb":
+                self.check(i + 1, ":")
+                i += 2
+                value = self.to_size(i)
+                if not value > 0:
+                    raise self.error("Pinned reserve segment size has to be greater than 0")
+                self.values["pinned_reserve_segment_size"] = value * MIB
+            elif key == "per_process_memory_fraction":
+                self.check(i + 1, ":")
+                i += 2
+                value = self.to_double(i)
+                if not (value >= 0.0 and value <= 1.0):
+                    raise self.error("per_process_memory_fraction is invalid, set it in [0.0, 1.0]")
+                self.values["per_process_memory_fraction"] = value
+            else:
+                i = self.skip_key(i)  # core keys; unknown keys were refused by the core pass
+            if i + 1 < n:
+                i += 1
+            i += 1
+
+    def malformed(self, index: int) -> ConfigError:
+        key = self.key
+        if key in SEPARATORS:
+            what = f"a stray '{key}' where a key was expected (empty entry?)"
+        elif any(t == "[" for t in self.tokens) and index >= len(self.tokens):
+            what = f"the string ends inside the value of '{key}' (missing value or ']'?)"
+        else:
+            what = f"key '{key}' has no value (expected '{key}:<value>')"
+        err = ConfigError(
+            f"malformed allocator config {self.text!r}: {what}; {_SYNTAX}. "
+            "(torch itself fails here with an internal assert, "
+            "'Index out of bounds in ConfigTokenizer'.)"
+        )
+        err.key = key  # type: ignore[attr-defined]
+        return err
+
+    def run(self) -> AllocatorSettings:
+        self.values["large_segment_size"] = 20 * MIB
+        try:
+            self.core_pass()
+            if self.device in ("cuda", "hip"):
+                self.device_pass()
+        except Malformed as e:
+            raise self.malformed(e.args[0]) from None
+        return AllocatorSettings(device=self.device, text=self.text, **self.values)  # type: ignore[arg-type]
+
+def parse_config(text: str, device: str = "cuda") -> AllocatorSettings:
+    """Parse an allocator config string the way torch 2.13 does on a ``device`` build.
+
+    Raises :class:`ConfigError` (a ``ValueError``) naming the offending key (also as
+    ``err.key``) and the legal values; nothing is partially applied.
+    """
+    if not isinstance(text, str):
+        raise ConfigError(f"an allocator config must be a str, got {type(text).__name__}")
+    if device not in DEVICES:
+        raise ConfigError(f"device must be one of {', '.join(DEVICES)}; got {device!r}")
+    return ConfigParser(text, device).run()

@@ -1,0 +1,201 @@
+"""Engine settings and the pure policy helpers: what the C core is told, checked on the way in.
+
+:class:`EngineSettings` holds already-parsed allocator settings (bytes, not config strings: the
+grammar lives in :mod:`accel_graph.allocator.alloc_conf`); :func:`fill_settings` checks them and
+fills the C ``ag_settings`` struct every engine is created from. :func:`round_size`,
+:func:`rp2_next_division` and :func:`allocation_size` are the C core's rounding rules, callable
+without an engine (for tests and for explaining decisions).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...errors import ConfigError
+from .loader import load_core
+
+__all__ = [
+    "MIB",
+    "POLICIES",
+    "POLICY_KEYS",
+    "U64_MAX",
+    "UPSTREAMS",
+    "EngineSettings",
+    "allocation_size",
+    "fill_settings",
+    "round_size",
+    "rp2_next_division",
+]
+
+MIB = 1 << 20
+#: The C core's "no limit" / "unbounded" value (``UINT64_MAX``).
+U64_MAX = (1 << 64) - 1
+_INTERVALS = 16
+POLICIES = ("native", "xpu", "bfc")  # index = AG_POLICY_* in _core.h
+#: The allocator config keys each policy acts on; the others parse and change nothing (the C
+#: core: the max_split rules and the GC threshold are native-only, roundup divisions need the
+#: CUDA rounding, bfc honours only the memory limit; docs/allocator.md).
+POLICY_KEYS: dict[str, frozenset[str]] = {
+    "native": frozenset({
+        "max_split_size_mb", "max_non_split_rounding_mb", "roundup_power2_divisions",
+        "garbage_collection_threshold", "per_process_memory_fraction", "expandable_segments",
+        "large_segment_size_mb",
+    }),
+    "xpu": frozenset({"per_process_memory_fraction", "expandable_segments",
+                      "large_segment_size_mb"}),
+    "bfc": frozenset({"per_process_memory_fraction"}),
+}  # fmt: skip
+UPSTREAMS = ("host", "counting", "device")
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """Already-parsed allocator settings (sizes in bytes; ``None`` = torch's default).
+
+    Names follow :class:`accel_graph.allocator.alloc_conf.AllocatorSettings`; build one from those
+    with :meth:`from_allocator_settings`.
+
+    - ``max_split_size``: ``None`` = unlimited. Must be >= ``large_segment_size``.
+    - ``max_non_split_rounding_size``: ``None`` = ``large_segment_size``.
+    - ``roundup_power2_divisions``: one int for every interval, or 16 ints (interval 0 = sizes
+      below 2 MiB, interval i = [2^(20+i), 2^(21+i)), interval 15 = 32 GiB and up); each 0 or a
+      power of two.
+    - ``garbage_collection_threshold``: 0 = off; acts only with ``memory_fraction`` < 1.
+    - ``memory_fraction``: ``None`` = never set; needs a known capacity.
+    - ``cap``: the upstream refuses to hold more than this many bytes (simulated device size).
+    - ``capacity``: total device memory for the fraction, the OOM message and the expandable
+      address range; ``None`` = ``cap``, else host RAM or the driver's figure.
+    - ``device_kind`` and ``device_libs``: which runtime the device upstream loads, and the
+      library names or paths to try (default: the usual sonames).
+    - ``round_extra``: bytes added to every request before rounding (torch_npu adds 32:
+      block = ceil((size + 32) / 512) * 512, and roundup_power2_divisions sees size + 32).
+      The requested size recorded in stats and events stays the caller's.
+    - ``expandable_head_align``: 0 = off; else (a power of two, 512 B .. 2 MiB), with
+      expandable segments, a request of 2 MiB or more whose block does not start on this
+      alignment starts at the next multiple, and the skipped head stays a free block
+      (torch_npu's ``base_addr_aligned_kb``, default 16 KiB).
+    - ``expandable_oversize_rule``: ``get_free_block`` applies the ``max_split_size`` oversize
+      rules to cached blocks of expandable segments too (torch >= 2.12, the behaviour behind
+      pytorch#193400). False: torch 2.9-2.11, where those blocks are reused freely.
+    """
+
+    max_split_size: int | None = None
+    max_non_split_rounding_size: int | None = None
+    large_segment_size: int = 20 * MIB
+    roundup_power2_divisions: int | Sequence[int] = 0
+    garbage_collection_threshold: float = 0.0
+    memory_fraction: float | None = None
+    expandable_segments: bool = False
+    cap: int | None = None
+    capacity: int | None = None
+    device_kind: str = "cuda"
+    device_libs: tuple[str, ...] = field(default=())
+    round_extra: int = 0
+    expandable_head_align: int = 0
+    expandable_oversize_rule: bool = True
+
+    def divisions(self) -> tuple[int, ...]:
+        """The 16 per-interval division counts."""
+        d = self.roundup_power2_divisions
+        if isinstance(d, int):
+            return (d,) * _INTERVALS
+        d = tuple(int(x) for x in d)
+        if len(d) != _INTERVALS:
+            raise ConfigError(
+                f"roundup_power2_divisions needs one int or {_INTERVALS} ints, got {len(d)}"
+            )
+        return d
+
+    @classmethod
+    def from_allocator_settings(cls, parsed: Any, **overrides: Any) -> EngineSettings:
+        """Build from a parsed config (``config.AllocatorSettings`` or anything shaped like it).
+
+        ``per_process_memory_fraction`` of 1.0 (torch's default) means "not set".
+        """
+        fraction = getattr(parsed, "per_process_memory_fraction", 1.0)
+        values: dict[str, Any] = {
+            "max_split_size": parsed.max_split_size,
+            "max_non_split_rounding_size": parsed.max_non_split_rounding_size,
+            "large_segment_size": parsed.large_segment_size,
+            "roundup_power2_divisions": tuple(parsed.roundup_power2_divisions),
+            "garbage_collection_threshold": parsed.garbage_collection_threshold,
+            "memory_fraction": fraction if fraction < 1.0 else None,
+            "expandable_segments": parsed.expandable_segments,
+        }
+        values.update(overrides)
+        return cls(**values)
+
+
+def _nonneg(name: str, value: int | None, default: int) -> int:
+    if value is None:
+        return default
+    if not isinstance(value, int) or value < 0 or value > U64_MAX:
+        raise ConfigError(f"{name} must be a byte count in [0, 2**64), got {value!r}")
+    return value
+
+
+
+def fill_settings(ffi: Any, s: EngineSettings, policy: str, upstream: str) -> Any:
+    """A new C ``ag_settings *`` for ``policy`` over ``upstream`` from ``s``.
+
+    Raises :class:`ConfigError` for an unknown policy, upstream or device kind, or a size or
+    division out of the C core's range; nothing is created then.
+    """
+    if policy not in POLICIES:
+        raise ConfigError(f"policy must be one of {', '.join(POLICIES)}; got {policy!r}")
+    if upstream not in UPSTREAMS:
+        raise ConfigError(f"upstream must be one of {', '.join(UPSTREAMS)}; got {upstream!r}")
+    if s.device_kind not in ("cuda", "hip"):
+        raise ConfigError(f"device_kind must be 'cuda' or 'hip'; got {s.device_kind!r}")
+    c = ffi.new("ag_settings *")
+    c.policy = POLICIES.index(policy)
+    c.upstream = UPSTREAMS.index(upstream)
+    large = _nonneg("large_segment_size", s.large_segment_size, 20 * MIB)
+    c.large_segment_size = large
+    c.max_split_size = _nonneg("max_split_size", s.max_split_size, U64_MAX)
+    c.max_non_split_rounding_size = _nonneg(
+        "max_non_split_rounding_size", s.max_non_split_rounding_size, large
+    )
+    for i, d in enumerate(s.divisions()):
+        if d < 0 or d > 1 << 31:
+            raise ConfigError(f"roundup_power2_divisions[{i}] out of range: {d}")
+        c.roundup_power2_divisions[i] = d
+    c.garbage_collection_threshold = float(s.garbage_collection_threshold)
+    c.memory_fraction = -1.0 if s.memory_fraction is None else float(s.memory_fraction)
+    c.expandable_segments = 1 if s.expandable_segments else 0
+    c.device_kind = 1 if s.device_kind == "hip" else 0
+    c.cap = _nonneg("cap", s.cap, 0)
+    c.capacity = _nonneg("capacity", s.capacity, 0)
+    c.round_extra = _nonneg("round_extra", s.round_extra, 0)
+    c.expandable_head_align = _nonneg("expandable_head_align", s.expandable_head_align, 0)
+    c.expandable_oversize_rule = 1 if s.expandable_oversize_rule else 0
+    return c
+
+
+# ----------------------------------------------------------------------------------------------
+
+
+
+# ----------------------------------------------------------------------------------------------
+# pure policy helpers (the C functions, for tests and for explaining decisions)
+
+
+def round_size(size: int, settings: EngineSettings | None = None, policy: str = "native") -> int:
+    """The block size a request of ``size`` bytes gets (torch's ``round_size``)."""
+    core = load_core()
+    c = fill_settings(core.ffi, settings or EngineSettings(), policy, "counting")
+    return int(core.lib.ag_round_size(c, size))
+
+
+def rp2_next_division(size: int, divisions: int) -> int:
+    """torch's ``roundup_power2_next_division`` (e.g. 1200 with 4 divisions gives 1280)."""
+    return int(load_core().lib.ag_rp2_next_division(size, divisions))
+
+
+def allocation_size(size: int, settings: EngineSettings | None = None) -> int:
+    """The segment size a (rounded) request of ``size`` bytes asks the upstream for."""
+    core = load_core()
+    c = fill_settings(core.ffi, settings or EngineSettings(), "native", "counting")
+    return int(core.lib.ag_allocation_size(c, size))

@@ -1,0 +1,55 @@
+"""C status codes to exceptions: the one place a refusal of the C core becomes a Python error.
+
+:func:`check_status` is used by :class:`~accel_graph.allocator.core.engine.Engine`, the tensor
+blocks and the device plug-in alike, so the same status always raises the same exception.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ... import errors as _errors
+from ...errors import AccelGraphError, BackendUnavailable, ConfigError, PoolError
+from .loader import load_core
+from .stats import oom_message
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+__all__ = ["check_status"]
+
+
+def check_status(rc: int, engine: Engine | None = None, message: str | None = None) -> int:
+    """Turn a C status (or a negative pointer/id result) into the matching exception.
+
+    Non-negative values pass through unchanged, so ``ptr = check_status(lib.ag_malloc(...))`` works.
+    """
+    if rc >= 0:
+        return rc
+    if message is None:
+        message = engine.last_error() if engine is not None else f"allocator error {rc}"
+    core = load_core()
+    lib = core.lib
+    if rc == lib.AG_ERR_OOM:
+        if engine is not None:
+            info = core.ffi.new("ag_oom_info *")
+            lib.ag_last_oom(engine.c_handle, info)
+            message = oom_message(info, engine.device_name, engine.device_index, engine.conf_var)
+            if engine.policy == "bfc":
+                # torch's expandable-segments hint does not apply to the BFC model
+                message = message.split(" If reserved but unallocated", 1)[0] + (
+                    " (policy bfc: a model of TensorFlow's BFC allocator; torch's allocator "
+                    "settings do not apply)"
+                )
+        raise _errors.OutOfMemoryError(message)
+    if rc in (lib.AG_ERR_INVALID, lib.AG_ERR_BAD_PTR, lib.AG_ERR_UNSUPPORTED):
+        raise ConfigError(message)
+    if rc == lib.AG_ERR_POOL:
+        raise PoolError(message)
+    if rc == lib.AG_ERR_LOAD:
+        raise BackendUnavailable(message)
+    if rc == lib.AG_ERR_NOMEM:
+        raise MemoryError(message)
+    raise AccelGraphError(message)
+
+

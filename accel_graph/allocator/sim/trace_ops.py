@@ -1,0 +1,462 @@
+"""A recorded trace as engine ops: the conversion behind :func:`~.replayer.replay_trace`.
+
+:func:`build_ops` turns one device's events into an :data:`~accel_graph.allocator.core.engine.OP_DTYPE`
+array (vectorised with numpy) plus a prologue that rebuilds the allocator state at the trace's
+start (:func:`infer_start_state`); the mapping is in :mod:`.replayer`'s docstring.
+:func:`build_ops_reusing` memoises conversions for a search; :func:`recorded_summary` gives the
+recorded figures a replay is compared with.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..core.engine import OP, OP_DTYPE
+from ..traces.actions import (
+    A_ALLOC,
+    A_FREE,
+    A_FREE_REQ,
+    A_MAP,
+    A_SEG_ALLOC,
+    A_SEG_FREE,
+    A_UNMAP,
+    ACTIONS,
+    SEGMENT_ACTIONS,
+    reserved_delta,
+)
+from .profiles import NPU_ROUND_EXTRA, Profile, resolve_profile, round_requests
+
+__all__ = [
+    "build_ops",
+    "build_ops_reusing",
+    "empty_cache_positions",
+    "infer_empty_cache",
+    "infer_pools",
+    "infer_start_state",
+    "pool_number",
+    "recorded_summary",
+]
+
+MIB = 1 << 20
+
+# ------------------------------------------------------------------------------------------
+# the trace side
+
+
+def _empty_cache_stack_ids(trace: Any) -> np.ndarray:
+    ids = [i for i, st in enumerate(trace.stacks)
+           if any(isinstance(f, dict) and f.get("name") == "empty_cache" for f in st)]
+    return np.asarray(ids, dtype=np.int64)
+
+
+def infer_empty_cache(trace: Any, ev: np.ndarray) -> np.ndarray:
+    """Indices of the events where an ``empty_cache`` call began: the first event of each run
+    of consecutive ``segment_free``/``segment_unmap`` events. A run whose frames are known and
+    do not name ``empty_cache`` is the allocator's own release (OOM path) and is skipped."""
+    rel = np.isin(ev["action"], (A_SEG_FREE, A_UNMAP))
+    if not rel.any():
+        return np.zeros(0, dtype=np.int64)
+    starts = np.nonzero(rel & ~np.concatenate(([False], rel[:-1])))[0]
+    frames = ev["frames"][starts].astype(np.int64)
+    known = frames >= 0
+    named = np.isin(frames, _empty_cache_stack_ids(trace))
+    return starts[~known | named]
+
+
+def empty_cache_positions(trace: Any, device: int = 0) -> np.ndarray:
+    """The inferred ``empty_cache`` calls as positions in the alloc/free sequence (the number
+    of ``alloc``/``free_requested``/``free_completed`` events before each call), so that they
+    can be placed in a twin recording of the same sequence."""
+    ev = trace.events(device)
+    ec = infer_empty_cache(trace, ev)
+    mem = np.cumsum(np.isin(ev["action"], (A_ALLOC, A_FREE_REQ, A_FREE)))
+    return np.where(ec > 0, mem[np.maximum(ec - 1, 0)], 0).astype(np.int64)
+
+
+def _alloc_slots(ev: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(alloc_idx, free_idx, free_slot): slot of each free = index (into alloc_idx) of the last
+    alloc at the same address before it, -1 when there is none (a pre-existing block)."""
+    act = ev["action"]
+    idx = np.nonzero((act == A_ALLOC) | (act == A_FREE))[0]  # in event order
+    is_alloc_all = act[idx] == A_ALLOC
+    alloc_idx, free_idx = idx[is_alloc_all], idx[~is_alloc_all]
+    # rank of each event within its kind: slot number for allocs, position for frees
+    rank = np.where(is_alloc_all, np.cumsum(is_alloc_all) - 1, np.cumsum(~is_alloc_all) - 1)
+    addr = ev["addr"][idx]
+    order = np.argsort(addr, kind="stable")  # by address, then event order
+    a_s, alloc_s = addr[order], is_alloc_all[order]
+    slot_s = np.where(alloc_s, rank[order], -1)
+    # forward-fill the slot of the last alloc within each address group
+    pos = np.where(alloc_s, np.arange(len(order)), -1)
+    pos = np.maximum.accumulate(pos) if len(pos) else pos
+    valid = pos >= 0
+    same = np.zeros(len(order), bool)
+    same[valid] = a_s[pos[valid]] == a_s[valid]
+    # a second free after the block was already freed has no live slot: mark it -1 too
+    prev_is_alloc = np.concatenate(([False], alloc_s[:-1])) & np.concatenate(
+        ([False], a_s[1:] == a_s[:-1]))
+    filled = np.where(same & prev_is_alloc, slot_s[np.maximum(pos, 0)], -1)
+    free_slot = np.empty(len(free_idx), dtype=np.int64)
+    free_pos = np.nonzero(~alloc_s)[0]
+    free_slot[rank[order[free_pos]]] = filled[free_pos]
+    return alloc_idx, free_idx, free_slot
+
+
+def _segments_at_start(trace: Any, ev: np.ndarray, device: int) -> list[tuple[int, int, bool]]:
+    """Segments (address, size, expandable) live when the recording began: the final segments
+    with the trace's segment events undone in reverse. Expandable segments are tracked by 2 MiB
+    page and come back as contiguous mapped ranges."""
+    final = [s for s in trace.segments if s.get("device", device) == device]
+    native = {int(s["address"]): int(s["total_size"]) for s in final if not s.get("is_expandable")}
+    pages: set[int] = set()
+    for s in final:
+        if s.get("is_expandable"):
+            a, n = int(s["address"]), int(s["total_size"])
+            pages.update(range(a // (2 * MIB), (a + n) // (2 * MIB)))
+    seg = ev[np.isin(ev["action"], SEGMENT_ACTIONS)]
+    for act, addr, size in zip(seg["action"][::-1].tolist(), seg["addr"][::-1].tolist(),
+                               seg["size"][::-1].tolist()):
+        if act == A_SEG_ALLOC:
+            native.pop(addr, None)
+        elif act == A_SEG_FREE:
+            native[addr] = size
+        else:
+            rng = range(addr // (2 * MIB), (addr + size) // (2 * MIB))
+            (pages.difference_update if act == A_MAP else pages.update)(rng)
+    out = [(a, n, False) for a, n in native.items()]
+    run_start = prev = None
+    for p in sorted(pages):
+        if prev is None or p != prev + 1:
+            if run_start is not None:
+                out.append((run_start * 2 * MIB, (prev + 1 - run_start) * 2 * MIB, True))
+            run_start = p
+        prev = p
+    if run_start is not None:
+        out.append((run_start * 2 * MIB, (prev + 1 - run_start) * 2 * MIB, True))
+    return sorted(out)
+
+
+def infer_start_state(trace: Any, device: int = 0, profile: Profile | str | None = None,
+                      _slots: Any = None) -> dict[str, Any]:
+    """The pre-existing state: ``blocks`` [(address, size)] live at the trace's start, and
+    ``segments`` [(address, size, expandable)] reserved at the start. ``profile`` (default:
+    the trace's device) rounds the freed sizes of blocks allocated before the trace."""
+    ev = trace.events(device)
+    _, free_idx, free_slot = _slots if _slots is not None else _alloc_slots(ev)
+    orphan = free_idx[free_slot < 0]
+    blocks: dict[int, int] = {}
+    prof = resolve_profile(profile, trace.device_type)
+    sizes = round_requests(np.maximum(ev["size"][orphan].astype(np.int64), 1), prof)
+    for a, s in zip(ev["addr"][orphan].tolist(), sizes.tolist()):
+        blocks.setdefault(a, s)  # the first free of an address never allocated in the trace
+    final = [(int(b["address"]), int(b["size"])) for s in trace.segments
+             if s.get("device", device) == device for b in s.get("blocks", ())
+             if b.get("state") == "active_allocated"]
+    if final:
+        mem_addr = ev["addr"][np.isin(ev["action"], (A_ALLOC, A_FREE_REQ, A_FREE))]
+        touched = np.isin(np.array([a for a, _ in final], dtype=np.uint64), mem_addr)
+        for (a, n), t in zip(final, touched.tolist()):
+            if not t:
+                blocks[a] = n
+    return {"blocks": sorted(blocks.items()), "segments": _segments_at_start(trace, ev, device)}
+
+
+def _prologue(state: dict[str, Any], expandable: bool,
+              large_align: int = 512) -> tuple[np.ndarray, dict[int, int]]:
+    """Ops that recreate the start state; returns (ops, {block address: slot})."""
+    ops: list[tuple[int, int, int, int, int]] = []
+    slot_of: dict[int, int] = {}
+    keep_free: list[int] = []
+    slot = 0
+
+    def malloc(size: int) -> int:
+        nonlocal slot
+        ops.append((OP["malloc"], 0, size, slot, 0))
+        slot += 1
+        return slot - 1
+
+    blocks = state["blocks"]
+    addrs = np.asarray([a for a, _ in blocks], dtype=np.uint64)
+    segments: list[tuple[int, int, bool]] = []
+    for seg_addr, seg_size, seg_exp in state["segments"]:
+        lo = int(np.searchsorted(addrs, seg_addr))
+        hi = int(np.searchsorted(addrs, seg_addr + seg_size))
+        if seg_exp and not expandable and all(s <= MIB for _, s in blocks[lo:hi]):
+            # a small-pool expandable range replayed natively: 2 MiB small segments
+            segments += [(a, 2 * MIB, True) for a in range(seg_addr, seg_addr + seg_size, 2 * MIB)]
+        else:
+            segments.append((seg_addr, seg_size, seg_exp))
+    for seg_addr, seg_size, seg_exp in segments:
+        lo = int(np.searchsorted(addrs, seg_addr))
+        hi = int(np.searchsorted(addrs, seg_addr + seg_size))
+        inside = [(a, s) for a, s in blocks[lo:hi]]
+        all_small = all(s <= MIB for _, s in inside)
+        # native small segments are 2 MiB; an expandable range holds one pool (its blocks say which)
+        small = all_small and (expandable and bool(inside) or seg_size <= 2 * MIB)
+        if not expandable and not small:
+            keep_free.append(malloc(seg_size))  # a segment of exactly this size...
+            ops.append((OP["free"], 0, 0, keep_free.pop(), 0))  # ...free to carve from
+        cur = seg_addr
+        end = seg_addr + seg_size
+        pieces: list[tuple[int, int, int | None]] = []  # (size, kind, addr) kind 0 gap, 1 block
+        nxt = [a for a, _ in inside[1:]] + [end]
+        for (a, s), limit in zip(inside, nxt):
+            if a > cur:
+                pieces.append((a - cur, 0, None))
+            if s > MIB:
+                # pad as the device would; in a recorded expandable range the recorded
+                # addresses already show the padding, so never run into the next block there
+                s = (s + large_align - 1) // large_align * large_align
+                if seg_exp:
+                    s = min(s, max(limit - a, 512))
+            s = min(s, end - a)
+            pieces.append((s, 1, a))
+            cur = a + s
+        if end > cur:
+            pieces.append((end - cur, 0, None))
+        large = not small
+        merged: list[list[Any]] = []
+        carry = 0
+        for size, kind, a in pieces:
+            # in a large segment a gap of 1 MiB or less cannot be a block of its own (it would
+            # go to the small pool): it belongs to the block before it (an unsplit remainder),
+            # or to the next one at the segment's start
+            if large and kind == 0 and size <= MIB:
+                if merged:
+                    merged[-1][0] += size
+                else:
+                    carry += size
+                continue
+            merged.append([size + carry, kind, a])
+            carry = 0
+        if carry:
+            merged.append([carry, 0, None])
+        for size, kind, a in merged:
+            if kind == 1:
+                slot_of[a] = malloc(size)
+            else:
+                while size > 0:  # chunks that stay in the segment's pool
+                    chunk = size if large or size <= MIB else MIB
+                    keep_free.append(malloc(chunk))
+                    size -= chunk
+    for s in keep_free:
+        ops.append((OP["free"], 0, 0, s, 0))
+    arr = np.array(ops, dtype=[("op", "<i4"), ("stream", "<i4"), ("size", "<i8"),
+                               ("id", "<i8"), ("size2", "<i8")]).astype(OP_DTYPE)
+    return arr, slot_of
+
+
+def pool_number(pool_id: Any) -> int:
+    """One integer for a snapshot's ``segment_pool_id``: torch's pair ``(0, n)`` (MemPool ids,
+    and what the engine's ``segments_from_layout`` writes) -> ``n``; ``(a, b)`` with ``a`` != 0
+    (CUDA graph pools, ``(uid, 0)``) -> ``a << 32 | b``; an int as is; None -> 0."""
+    if pool_id is None:
+        return 0
+    if isinstance(pool_id, (tuple, list)):
+        if len(pool_id) != 2:
+            raise ValueError(f"segment_pool_id must be a pair, got {pool_id!r}")
+        a, b = int(pool_id[0]), int(pool_id[1])
+        return b if a == 0 else (a << 32) | b
+    return int(pool_id)
+
+
+def infer_pools(trace: Any, device: int = 0) -> np.ndarray:
+    """The pool of every event of ``device`` (int64; 0 = default pool): the event's own
+    ``pool`` where nonzero. An ``alloc`` whose ``pool`` is 0 (torch's trace entries carry none)
+    gets one when it can be determined:
+
+    - the final segment containing its address is in a private pool (``segment_pool_id`` not
+      ``(0, 0)``; see :func:`pool_number`) and no ``segment_free``/``segment_unmap`` covering
+      that address follows the allocation (so the segment it went into is that final one);
+    - otherwise, it lies in a segment made by a ``segment_alloc`` event that carries a nonzero
+      ``pool``, before that segment's ``segment_free``.
+
+    Everything else stays in the default pool (0).
+    """
+    ev = trace.events(device)
+    act = ev["action"]
+    own = (ev["pool"].astype(np.int64) if "pool" in (ev.dtype.names or ())
+           else np.zeros(len(ev), np.int64))
+    out = own.copy()
+    private = sorted((int(s["address"]), int(s["total_size"]), p)
+                     for s in trace.segments if s.get("device", device) == device
+                     for p in (pool_number(s.get("segment_pool_id")),) if p)
+    pooled = (np.nonzero((act == A_SEG_ALLOC) & (own != 0))[0] if own.any()
+              else np.zeros(0, np.int64))
+    if not private and not len(pooled):
+        return out
+    cand = np.nonzero((act == A_ALLOC) & (own == 0))[0]
+    if not len(cand):
+        return out
+    addr = ev["addr"][cand].astype(np.uint64)
+    rel_idx = np.nonzero(np.isin(act, (A_SEG_FREE, A_UNMAP)))[0]
+    rel_lo = ev["addr"][rel_idx].astype(np.uint64)
+    rel_hi = rel_lo + ev["size"][rel_idx].astype(np.uint64)
+    for lo, n, p in private:
+        sel = np.nonzero((addr >= lo) & (addr < lo + n))[0]
+        if not len(sel):
+            continue
+        ok = np.ones(len(sel), bool)
+        for j in np.nonzero((rel_lo < lo + n) & (rel_hi > lo))[0].tolist():
+            # released after the allocation: that allocation was in an earlier segment
+            ok &= ~((cand[sel] < rel_idx[j]) & (addr[sel] >= rel_lo[j]) & (addr[sel] < rel_hi[j]))
+        out[cand[sel[ok]]] = p
+    if len(pooled):
+        sf_idx = np.nonzero(act == A_SEG_FREE)[0]
+        sf_addr = ev["addr"][sf_idx]
+        for k in pooled.tolist():
+            lo, n = int(ev["addr"][k]), int(ev["size"][k])
+            later = sf_idx[(sf_idx > k) & (sf_addr == lo)]
+            end = int(later[0]) if len(later) else len(ev)
+            m = (cand > k) & (cand < end) & (addr >= lo) & (addr < lo + n) & (out[cand] == 0)
+            out[cand[m]] = own[k]
+    return out
+
+
+def build_ops(trace: Any, device: int = 0, profile: Profile | str | None = None,
+              *, start_state: bool = True, expandable: bool | None = None,
+              empty_cache: Any = None, round_extra: int | None = None) -> dict[str, Any]:
+    """Convert one device's events to op arrays: ``prologue`` (start state), ``ops`` (the
+    trace), ``n_slots``, and where the ``empty_cache`` calls go; ``pools`` lists the trace's
+    nonzero pool ids (their ``malloc_pool`` ops name pool ``i + 1`` for ``pools[i]``: create
+    the engine pools in that order), from :func:`infer_pools` (``pools_inferred``: how many
+    allocations got theirs by inference).
+
+    The ops carry the requested sizes; the engine rounds them (``round_extra``: the engine's
+    setting, default the profile's, so that prologue blocks come out at their recorded sizes).
+    ``empty_cache``: None infers the calls from the trace; False drops them; an array of
+    positions (see :func:`empty_cache_positions`) places them before those alloc/free events.
+    """
+    prof = resolve_profile(profile, trace.device_type)
+    if round_extra is None:
+        round_extra = NPU_ROUND_EXTRA if prof.rounding == "npu" else 0
+    ev = trace.events(device)
+    if expandable is None:
+        expandable = any(s.get("is_expandable") for s in trace.segments
+                         if s.get("device", device) == device)
+    slots = _alloc_slots(ev)
+    alloc_idx, free_idx, free_slot = slots
+    state = (infer_start_state(trace, device, prof, slots) if start_state
+             else {"blocks": [], "segments": []})
+    prologue, pre_slot = _prologue(state, expandable)
+    if round_extra and len(prologue):
+        # prologue sizes are block sizes (multiples of 512): ask for them less the extra
+        m = prologue["op"] == OP["malloc"]
+        prologue["size"][m] = np.maximum(prologue["size"][m] - round_extra, 1)
+    base = int(prologue["id"].max()) + 1 if len(prologue) else 0
+    if (free_slot < 0).any():
+        miss = free_idx[free_slot < 0]
+        pre = np.array([pre_slot.get(a, -1) for a in ev["addr"][miss].tolist()], dtype=np.int64)
+        # only the first free of a pre-existing address frees it
+        first = np.zeros(len(miss), bool)
+        _, firsts = np.unique(ev["addr"][miss], return_index=True)
+        first[firsts] = True
+        free_slot = free_slot.copy()
+        free_slot[free_slot < 0] = np.where(first & (pre >= 0), pre - base, -(1 << 40))
+    streams, stream_id = np.unique(ev["stream"], return_inverse=True)
+    if len(streams) > 64:
+        raise ValueError(f"the trace uses {len(streams)} streams; the engine has at most 64")
+    if empty_cache is None:
+        ec = infer_empty_cache(trace, ev)
+    elif empty_cache is False:
+        ec = np.zeros(0, dtype=np.int64)
+    else:
+        mem = np.nonzero(np.isin(ev["action"], (A_ALLOC, A_FREE_REQ, A_FREE)))[0]
+        pos = np.asarray(empty_cache, dtype=np.int64)
+        ec = np.where(pos < len(mem), mem[np.minimum(pos, max(len(mem) - 1, 0))], len(ev))
+    keep_free = free_slot > -(1 << 40)
+    n = len(alloc_idx) + int(keep_free.sum()) + len(ec)
+    ops = np.zeros(n, dtype=OP_DTYPE)
+    # order key: event index * 2 (+0 for empty_cache placed before its segment event, +1 else)
+    key = np.concatenate((alloc_idx * 2 + 1, free_idx[keep_free] * 2 + 1, ec * 2))
+    op = np.concatenate((np.full(len(alloc_idx), OP["malloc"]),
+                         np.full(int(keep_free.sum()), OP["free"]),
+                         np.full(len(ec), OP["empty_cache"])))
+    sizes = np.maximum(ev["size"][alloc_idx].astype(np.int64), 1)
+    pool_col = infer_pools(trace, device)[alloc_idx]
+    inferred = 0
+    pools: list[int] = []
+    if pool_col.any():
+        if "pool" in (ev.dtype.names or ()):
+            inferred = int(((pool_col != 0) & (ev["pool"][alloc_idx] == 0)).sum())
+        else:
+            inferred = int((pool_col != 0).sum())
+        nz = np.unique(pool_col[pool_col != 0])
+        pools = [int(x) for x in nz]
+        engine_pool = np.where(pool_col != 0, np.searchsorted(nz, pool_col) + 1, 0)
+        op[:len(alloc_idx)] = np.where(engine_pool > 0, OP["malloc_pool"], OP["malloc"])
+    size = np.concatenate((sizes,
+                           np.zeros(int(keep_free.sum()) + len(ec), np.int64)))
+    ids = np.concatenate((np.arange(len(alloc_idx)) + base, free_slot[keep_free] + base,
+                          np.zeros(len(ec), np.int64)))
+    st = np.concatenate((stream_id[alloc_idx], stream_id[free_idx[keep_free]],
+                         np.zeros(len(ec), np.int64)))
+    order = np.argsort(key, kind="stable")
+    ops["op"], ops["size"], ops["id"] = op[order], size[order], ids[order]
+    ops["stream"] = st[order]
+    if pools:
+        size2 = np.concatenate((engine_pool, np.zeros(int(keep_free.sum()) + len(ec), np.int64)))
+        ops["size2"] = size2[order]
+    return {"prologue": prologue, "ops": ops, "n_slots": base + len(alloc_idx),
+            "n_streams": len(streams), "empty_cache_at": ec, "start_state": state,
+            "expandable": expandable, "profile": prof.name, "pools": pools,
+            "pools_inferred": inferred}
+
+
+# ------------------------------------------------------------------------------------------
+# reusing the conversion (a search replays one trace under hundreds of configurations whose
+# conversions differ only in a few inputs)
+
+
+def build_ops_reusing(cache: dict[Any, dict[str, Any]], trace: Any, device: int = 0,
+                      profile: Profile | str | None = None, *, start_state: bool = True,
+                      expandable: bool | None = None, empty_cache: Any = None,
+                      round_extra: int | None = None) -> dict[str, Any]:
+    """:func:`build_ops` through ``cache``, a dict the caller owns for one trace that does not
+    change while the dict is in use (a tuning search): the same conversion is made once.
+
+    The key is every input the conversion reads besides the trace: ``device``, the resolved
+    profile, ``start_state``, ``expandable``, ``empty_cache`` (None, False or the positions'
+    values) and the resolved ``round_extra``. The returned dict is shared; its arrays are
+    read-only.
+    """
+    prof = resolve_profile(profile, trace.device_type)
+    if round_extra is None:
+        round_extra = NPU_ROUND_EXTRA if prof.rounding == "npu" else 0
+    if empty_cache is None or empty_cache is False:
+        ec_key: Any = empty_cache
+    else:
+        pos = np.asarray(empty_cache, dtype=np.int64)
+        ec_key = ("at", pos.shape, pos.tobytes())
+    key = (device, prof, bool(start_state), expandable, ec_key, int(round_extra))
+    built = cache.get(key)
+    if built is None:
+        built = build_ops(trace, device, prof, start_state=start_state, expandable=expandable,
+                          empty_cache=empty_cache, round_extra=round_extra)
+        for k in ("prologue", "ops", "empty_cache_at"):
+            built[k].setflags(write=False)
+        cache[key] = built
+    return built
+
+
+def recorded_summary(trace: Any, device: int = 0) -> dict[str, Any]:
+    """The recorded counterpart of :meth:`ReplayResult.summary`: segment event counts, and the
+    peak/final reserved bytes (start reserved = final segments minus the net trace change)."""
+    ev = trace.events(device)
+    act = ev["action"]
+    delta = np.cumsum(reserved_delta(ev))
+    final = sum(int(s["total_size"]) for s in trace.segments if s.get("device", device) == device)
+    start = final - (int(delta[-1]) if len(delta) else 0)
+    counts = {ACTIONS[c]: int((act == c).sum()) for c in SEGMENT_ACTIONS}
+    return {
+        "peak_reserved": start + max(0, int(delta.max()) if len(delta) else 0),
+        "segment_alloc": counts["segment_alloc"],
+        "segment_free": counts["segment_free"],
+        "segment_map": counts["segment_map"],
+        "segment_unmap": counts["segment_unmap"],
+        "final_reserved": final,
+        "start_reserved": start,
+    }
+

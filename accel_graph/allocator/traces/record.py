@@ -1,0 +1,86 @@
+"""The event record, trace limits and format sniffing: what every trace format module shares.
+
+The event record (:data:`TRACE_DTYPE`) is the in-memory and on-disk (compact format) layout of
+one allocator event. It is a fixed 48-byte little-endian C struct so that the C engine can
+read an array of them directly::
+
+    struct event { uint8_t action; uint8_t pad[3]; int32_t frames;
+                   uint64_t addr; uint64_t size; int64_t stream; int64_t time_us; int64_t pool; };
+
+``action`` is a code from :data:`accel_graph.allocator.traces.actions.ACTIONS`; ``frames`` indexes the
+trace's interned stacks (-1: none); ``addr`` holds ``device_free`` for ``oom`` events (which have
+no address); ``time_us`` is -1 when the recording had no timestamps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = [
+    "COMPACT_MAGIC",
+    "DEFAULT_LIMITS",
+    "DEVICE_TYPES",
+    "FORMATS",
+    "META_KEY",
+    "NO_FRAMES",
+    "NO_TIME",
+    "TRACE_DTYPE",
+    "TraceLimits",
+    "sniff_format",
+]
+
+
+TRACE_DTYPE = np.dtype(
+    {
+        "names": ["action", "frames", "addr", "size", "stream", "time_us", "pool"],
+        "formats": ["u1", "<i4", "<u8", "<u8", "<i8", "<i8", "<i8"],
+        "offsets": [0, 4, 8, 16, 24, 32, 40],
+        "itemsize": 48,
+    }
+)
+NO_FRAMES = -1
+NO_TIME = -1
+
+#: Leading bytes of the compact binary format (the 0x89 catches text-mode mangling, as in PNG).
+COMPACT_MAGIC = b"\x89AGTRACE"
+#: Top-level key under which our writers record what torch's format has no place for.
+META_KEY = "accel_graph"
+
+FORMATS = ("pickle", "json", "compact")
+DEVICE_TYPES = ("cuda", "rocm", "xpu", "npu")
+
+
+@dataclass(frozen=True)
+class TraceLimits:
+    """Upper bounds a loader enforces before it trusts a file; raise them for huge traces.
+
+    A pickle can expand to many times its size in memory, so ``max_file_bytes`` is the main
+    guard; the others turn absurd values into clear errors instead of silent nonsense.
+    """
+
+    max_file_bytes: int = 4 << 30
+    max_events: int = 500_000_000
+    max_devices: int = 4096
+    max_segments: int = 50_000_000
+    max_blocks: int = 500_000_000
+    max_stack_depth: int = 100_000
+    #: No allocation, segment or free-memory figure can exceed this many bytes (1 PiB).
+    max_bytes_value: int = 1 << 50
+    max_nesting: int = 64
+
+
+DEFAULT_LIMITS = TraceLimits()
+
+
+def sniff_format(head: bytes) -> str | None:
+    """Guess a file's format from its first bytes: "compact", "json", "pickle" or None."""
+    if head.startswith(COMPACT_MAGIC):
+        return "compact"
+    stripped = head.lstrip(b" \t\r\n")
+    if stripped[:1] in (b"{", b"["):
+        return "json"
+    if head[:1] == b"\x80" or head[:1] in (b"(", b"]", b"}"):
+        return "pickle"  # protocol >= 2 starts with PROTO; 0/1 with MARK or an empty container
+    return None
