@@ -13,7 +13,9 @@ capture would refuse, each with the Python source line that issued it:
   ``.cpu()`` / ``.to("cpu")`` (device-to-host copies, a sync) and factory calls without
   ``device=`` (they make host tensors on a GPU box).
 
-Nothing is captured and no pool is touched; the function runs as it would eagerly.
+Nothing is captured and no pool is touched; the function runs as it would eagerly. Importing
+this module loads the recorder backend (its rules); ``import accel_graph`` does not, because
+the package face imports this module only when ``check_capturable`` is first used.
 """
 
 from __future__ import annotations
@@ -26,18 +28,9 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-# The recorder's rules, imported on first use (``import accel_graph`` loads no backend).
-opinfo: Any = None
-tree_flatten: Any = None
-user_frame: Any = None
-
-
-def _load_rules() -> None:
-    global opinfo, tree_flatten, user_frame
-    if opinfo is None:
-        from .backends.recorder import capture, ops
-
-        opinfo, tree_flatten, user_frame = ops, capture.tree_flatten, capture.user_frame
+from .backends.recorder.ops import illegal_reason
+from .backends.recorder.plan import user_frame
+from .backends.recorder.pytree import tree_flatten
 
 __all__ = ["CapturabilityReport", "Finding", "check_capturable"]
 
@@ -123,7 +116,7 @@ class _DispatchFlagger(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: D401
         kwargs = kwargs or {}
         self.report.ops_seen += 1
-        reason = opinfo.illegal_reason(func, args, kwargs)
+        reason = illegal_reason(func, args, kwargs)
         if reason is None and self.target is not None:
             reason = _host_mix(func, args, kwargs, self.target)
         if reason is not None:
@@ -207,7 +200,6 @@ def check_capturable(fn: Callable[..., Any], *args: Any, target: str | torch.dev
     ``report.findings`` (each with ``op``, ``reason``, ``location``), ``report.format()``, and
     ``report.result`` (what ``fn`` returned). Exceptions raised by ``fn`` propagate.
     """
-    _load_rules()
     tgt = None if target is None else torch.device(target).type
     if tgt == "cpu":
         tgt = None  # host memory is the device: nothing more to flag

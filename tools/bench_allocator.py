@@ -197,7 +197,7 @@ def bench_pool_tensor_pair(n: int, capturing: bool = False) -> tuple[float, floa
     pool = EnginePool(torch.device("cpu"))
     # As during a capture: the pool is in use, so a dead block stays cached in the engine
     # (an idle pool hands each segment back at once, which is not what this row measures).
-    pool.add_graph(set())
+    pool.add_graph()
     log: list = []
     if capturing:
         pool.begin_capture(log)

@@ -286,7 +286,7 @@ def test_engine_pool_capture_log_keeps_the_order_of_deaths():
 
 def test_engine_pool_owns_survives_storage_id_reuse():
     pool = _engine_pool()
-    pool.add_graph(set())  # not idle: deaths are booked in batches
+    pool.add_graph()  # not idle: deaths are booked in batches
     cpu = torch.device("cpu")
     for _ in range(200):
         t = pool.allocate((64,), (1,), torch.float32, cpu)

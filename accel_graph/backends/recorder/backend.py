@@ -26,10 +26,11 @@ from ..base import (
     PoolStats,
     next_user_pool_id,
 )
-from .capture import Capture, InputRecord, Step, _tls, active_capture
+from .capture import Capture, InputRecord, Step, active_capture, set_active_capture
 from .compiled import compile_program
 from .dump import describe, write_dump
-from .pool import PoolRef, RecorderPool, make_pool
+from .pool import make_pool
+from .pool_protocol import GraphPool, PoolEvent, PoolRef
 from .program import build_replay, materialize, replayed
 
 log = logging.getLogger("accel_graph")
@@ -55,7 +56,7 @@ class RecorderGraphImpl(GraphImpl):
         self._backend = backend
         self._compile = compile
         self._capture: Capture | None = None
-        self._pool: RecorderPool | None = None
+        self._pool: GraphPool | None = None
         self._handle: PoolHandle | None = None
         self._steps: list[Step] = []
         self._inputs: list[InputRecord] = []
@@ -67,7 +68,7 @@ class RecorderGraphImpl(GraphImpl):
         self._frozen_steps: list[Step] = []
         self._memory = 0
         self._standalone: int | None = 0
-        self._events: list[tuple[str, int, int]] = []
+        self._events: list[PoolEvent] = []
         self._allocations = 0
         self.num_ops = 0
 
@@ -108,14 +109,14 @@ class RecorderGraphImpl(GraphImpl):
             self._pool, self.device.torch_device, poison=self._debug or config.poison_outputs()
         )
         self._pool.begin_capture(self._capture.events)
-        _tls.capture = self._capture
+        set_active_capture(self._capture)
         self._capture.mode.__enter__()
 
     def _leave(self) -> Capture | None:
         """Stop recording on this thread (the pool is told separately)."""
         cap = self._capture
         if cap is not None and active_capture() is cap:
-            _tls.capture = None
+            set_active_capture(None)
             try:
                 cap.mode.__exit__(None, None, None)
             except Exception:  # the mode stack was disturbed by user code; nothing to undo
@@ -129,11 +130,9 @@ class RecorderGraphImpl(GraphImpl):
         assert cap is not None and self._pool is not None
         pool = self._pool
         self.num_ops = replayed(cap.steps)
-        # Every location the capture recorded came through it, so it knows their segments.
-        segments = set(cap.segments)
-        # Register the graph's segments before the capture ends, so memory freed during the
-        # capture but still written by the program is not released in between.
-        pool.add_graph(segments)
+        # Register the graph before the capture ends, so memory freed during the capture but
+        # still written by the program is not released in between.
+        pool.add_graph()
         pool.end_capture(cap.events)
         self._inputs = list(cap.inputs.values())
         self._outputs = cap.live_outputs()
@@ -148,7 +147,7 @@ class RecorderGraphImpl(GraphImpl):
         self._steps = materialize(cap.steps, pool)
         self._capture = None
         # Deleting the graph (or reset) tells the pool; memory goes only when nothing uses it.
-        self._release = weakref.finalize(self, pool.remove_graph, segments)
+        self._release = weakref.finalize(self, pool.remove_graph)
         if not self.keep_graph:
             self.instantiate()
 
@@ -246,7 +245,7 @@ class RecorderBackend(Backend):
     priority = -100
 
     def __init__(self) -> None:
-        self._pools: weakref.WeakValueDictionary[tuple, RecorderPool] = weakref.WeakValueDictionary()
+        self._pools: weakref.WeakValueDictionary[tuple, GraphPool] = weakref.WeakValueDictionary()
         self._handles: dict[tuple[int, int], PoolHandle] = {}
         self._lock = threading.Lock()
 
@@ -308,7 +307,7 @@ class RecorderBackend(Backend):
             f"ids belong to native backends)"
         )
 
-    def pool_for(self, handle: PoolHandle) -> RecorderPool:
+    def pool_for(self, handle: PoolHandle) -> GraphPool:
         """The pool object behind ``handle``, created on first use and kept alive by its graphs."""
         with self._lock:
             pool = self._pools.get(handle.id)

@@ -30,8 +30,9 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from .capture import InputRecord, Step, tree_map
-from .pool import PoolRef, RecorderPool
+from .capture import InputRecord, Step
+from .pool_protocol import GraphPool, PoolRef
+from .pytree import tree_map
 
 log = logging.getLogger("accel_graph")
 
@@ -176,7 +177,7 @@ def build_fx(steps: list[Step], outputs: list[PoolRef]) -> tuple[fx.GraphModule,
 
 
 def compile_program(
-    steps: list[Step], inputs: list[InputRecord], outputs: list[PoolRef], pool: RecorderPool
+    steps: list[Step], inputs: list[InputRecord], outputs: list[PoolRef], pool: GraphPool
 ) -> tuple[Callable[[], None], dict[str, Any]]:
     """Compile with Inductor. Returns ``(replay_fn, info)``; raises on any failure."""
     from torch._inductor import config as inductor_config

@@ -11,17 +11,18 @@ from typing import Any
 
 import torch
 
-from .capture import InputRecord, Step, tree_flatten
-from .pool import PoolRef
+from .capture import InputRecord, Step
+from .pool_protocol import ADDRESS, PoolRef
 from .program import allocates_at_replay
+from .pytree import tree_flatten
 
 SCHEMA_VERSION = 1
 
 
 def _ref_name(ref: PoolRef) -> str:
-    if ref.segment < 0:  # engine memory: the offset is the address
+    if ref.segment == ADDRESS:  # CPU pool: the offset is the address
         return f"pool:{ref.byte_offset:#x}"
-    return f"pool:s{ref.segment}+{ref.byte_offset}"
+    return f"pool:{ref.segment:#x}+{ref.byte_offset}"  # device pool: segment and offset
 
 
 def describe(steps: list[Step], inputs: list[InputRecord], outputs: list[PoolRef],

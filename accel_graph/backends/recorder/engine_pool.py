@@ -25,17 +25,13 @@ from __future__ import annotations
 
 import bisect
 import weakref
-from typing import Any
 
 import numpy as np
 import torch
 
-from ...allocator.core.engine import OP, OP_DTYPE, Engine, EngineSettings
+from ...allocator.core.engine import Engine, EngineSettings
 from ...errors import OutOfMemoryError
-from ..base import PoolStats
-from .pool import PoolRef, RecorderPool, _storage_bytes
-
-_HOST_SEGMENT = -1  # PoolRef.segment of engine memory: byte_offset is then the address
+from .pool_protocol import ADDRESS, GraphPool, PoolRef, storage_bytes
 
 
 def _dlpack_codes() -> dict[torch.dtype, tuple[int, int]]:
@@ -102,11 +98,14 @@ _DRAIN_BATCH = 32
 _DL_CODES = _Codes()
 
 
-class EnginePool(RecorderPool):
-    """A recorder pool whose memory and books are the allocator engine's."""
+class EnginePool(GraphPool):
+    """A CPU graph pool whose memory and books are the allocator engine's (host upstream).
+
+    ``limit`` caps the bytes the pool reserves (None: no cap).
+    """
 
     def __init__(self, device: torch.device, limit: int | None = None) -> None:
-        super().__init__(device, limit)
+        super().__init__(device)
         self.engine = Engine(policy="native", upstream="host", settings=EngineSettings(cap=limit))
         self._segment_index: list[tuple[int, int]] = []
         self._segment_bases: dict[tuple[int, torch.dtype], torch.Tensor] = {}
@@ -119,7 +118,7 @@ class EnginePool(RecorderPool):
             self._drain_keys = self._blocks.drainer
             self._addr = self._blocks.addr
             self._pending = self._blocks.pending
-            self._blocks.set_release_idle(True)  # no graph, no capture: as _release_unused
+            self._blocks.set_release_idle(True)  # idle: each death releases, as _release_unused
         weakref.finalize(self, self.engine.close)
 
     def _buffer(self, addr: int, nbytes: int) -> np.ndarray:
@@ -141,11 +140,11 @@ class EnginePool(RecorderPool):
             if t.__class__ is int:
                 self._oom(t)
             if self._listeners:
-                nbytes = _storage_bytes(shape, stride, dtype.itemsize)
+                nbytes = storage_bytes(shape, stride, dtype.itemsize)
                 for log in self._listeners:
                     log.append(("alloc", key, nbytes))
             sid = t.untyped_storage()._cdata
-            self._storages[sid] = (_HOST_SEGMENT, t.data_ptr())
+            self._storages[sid] = (ADDRESS, t.data_ptr())
             self._key_storage[key] = sid
             self._storage_key[sid] = key
         return t
@@ -154,7 +153,7 @@ class EnginePool(RecorderPool):
         try:
             self._blocks.check(rc)
         except OutOfMemoryError as exc:
-            raise self._out_of_memory(exc) from exc
+            raise self.out_of_memory(exc) from exc
 
     def _drain(self) -> None:
         """Book the deaths of DLPack blocks (their memory is already back in the engine)."""
@@ -176,36 +175,32 @@ class EnginePool(RecorderPool):
                     self._storages.pop(sid, None)
                 for log in listeners:
                     log.append(("free", key, 0))
-            if dead and not self.capturing and not self.graphs:
+            if dead and not self.capturing and not self.graphs:  # idle (inline: hot path)
                 self._release_unused()  # the engine released; forget our segment views
 
     def _sync(self) -> None:
         if self._blocks is not None and self._pending[0]:
             self._drain()
 
-    def _set_idle(self) -> None:
-        if self._blocks is not None:
-            self._blocks.set_release_idle(not self.capturing and not self.graphs)
-
     def _allocate_numpy(
         self, shape, stride, dtype: torch.dtype, device: torch.device
     ) -> torch.Tensor:
         """The path without the extension (or for a dtype DLPack cannot carry here)."""
         itemsize = dtype.itemsize
-        nbytes = _storage_bytes(shape, stride, itemsize)
+        nbytes = storage_bytes(shape, stride, itemsize)
         with self._lock:
             self._sync()
             try:
                 addr = self.engine.malloc(max(nbytes, 1))
             except OutOfMemoryError as exc:
-                raise self._out_of_memory(exc) from exc
+                raise self.out_of_memory(exc) from exc
             key = self._log_alloc(nbytes)
         arr = self._buffer(addr, max(nbytes, itemsize))
         base = torch.from_numpy(arr)
         weakref.finalize(arr, self._host_block_dead, addr, key, base.untyped_storage()._cdata)
         t = torch.as_strided(base.view(dtype), tuple(shape), tuple(stride), 0)
         with self._lock:
-            self._storages[t.untyped_storage()._cdata] = (_HOST_SEGMENT, addr)
+            self._storages[t.untyped_storage()._cdata] = (ADDRESS, addr)
         return t
 
     def _host_block_dead(self, addr: int, key: int, storage_id: int) -> None:
@@ -214,52 +209,27 @@ class EnginePool(RecorderPool):
             for log in self._listeners:
                 log.append(("free", key, 0))
             self.engine.free(addr)
-            if not self.capturing:
+            if self.idle:
                 self._release_unused()
 
     # -- the books: deaths of DLPack blocks are booked before anything reads them -----------
-    def owns(self, t: torch.Tensor) -> bool:
+    def _settle(self) -> None:
         self._sync()
-        return super().owns(t)
 
-    def ref(self, t: torch.Tensor) -> PoolRef:
-        self._sync()
-        return super().ref(t)
-
-    def begin_capture(self, log: list) -> None:
-        with self._lock:
-            self._sync()
-            super().begin_capture(log)
-            self._set_idle()
-
-    def end_capture(self, log: list) -> None:
-        with self._lock:
-            self._sync()
-            super().end_capture(log)
-            self._set_idle()
-
-    def add_graph(self, segments: set[int]) -> None:
-        with self._lock:
-            self._sync()
-            super().add_graph(segments)
-            self._set_idle()
-
-    def remove_graph(self, segments: set[int]) -> None:
-        with self._lock:
-            self._sync()
-            super().remove_graph(segments)
-            self._set_idle()
+    def _idle_changed(self, idle: bool) -> None:
+        if idle:
+            self._release_unused()
+        if self._blocks is not None:
+            self._blocks.set_release_idle(idle)
 
     def materialize(self, ref: PoolRef) -> torch.Tensor:
         self._sync()
-        if ref.segment != _HOST_SEGMENT:
-            return super().materialize(ref)
         # One typed tensor per engine segment, then a view of it: a program has many
         # locations in few segments, and views are far cheaper than new storages.
         seg = self._segment_of(ref.byte_offset)
         itemsize = ref.dtype.itemsize
         if seg is None or (ref.byte_offset - seg[0]) % itemsize:
-            nbytes = max(_storage_bytes(ref.shape, ref.stride, itemsize), itemsize)
+            nbytes = max(storage_bytes(ref.shape, ref.stride, itemsize), itemsize)
             base = torch.from_numpy(self._buffer(ref.byte_offset, nbytes)).view(ref.dtype)
             return torch.as_strided(base, ref.shape, ref.stride, 0)
         key = (seg[0], ref.dtype)
@@ -287,40 +257,3 @@ class EnginePool(RecorderPool):
             self.engine.empty_cache()
             self._segment_index = []
             self._segment_bases.clear()  # our views only: live tensors keep their memory
-
-    def reserved_bytes(self) -> int:
-        self._sync()
-        return self.engine.memory_stats()["reserved_bytes.all.current"]
-
-    def standalone_bytes(self, events: list[tuple[str, int, int]]) -> int:
-        """Peak reserved of the capture's own sequence, replayed in one C call on a fresh engine."""
-        ops = np.zeros(len(events), dtype=OP_DTYPE)
-        slots: dict[int, int] = {}
-        n = 0
-        for action, key, nbytes in events:
-            if action == "alloc":
-                slots[key] = len(slots)
-                ops[n] = (OP["malloc"], 0, max(nbytes, 1), slots[key], 0)
-                n += 1
-            elif key in slots:
-                ops[n] = (OP["free"], 0, 0, slots[key], 0)
-                n += 1
-        with Engine(policy="native", upstream="counting") as sim:
-            sim.replay(ops[:n], n_slots=max(len(slots), 1))
-            return sim.memory_stats()["reserved_bytes.all.peak"]
-
-    def stats(self) -> PoolStats:
-        with self._lock:
-            self._sync()
-            st: dict[str, Any] = self.engine.memory_stats()
-            return PoolStats(
-                reserved_bytes=st["reserved_bytes.all.current"],
-                allocated_bytes=st["allocated_bytes.all.current"],
-                segments=st["segment.all.current"],
-                graphs=self.graphs,
-                extra={
-                    "peak_reserved_bytes": st["reserved_bytes.all.peak"],
-                    "segment_bytes": sum(seg["size"] for seg in self.engine.layout()),
-                    "allocator": "engine/native",
-                },
-            )

@@ -62,8 +62,9 @@ METADATA_OPS: frozenset[str] = frozenset(
 
 
 @functools.lru_cache(maxsize=8192)
-def _returns_host_value(func: OpOverload) -> bool:
-    """Whether the op returns a Python value (number, bool) rather than tensors."""
+def returns_host_value(func: OpOverload) -> bool:
+    """Whether the op returns a Python value (number, bool) rather than tensors: such an op
+    reads tensor data on the host (a sync) unless it only reads metadata (``METADATA_OPS``)."""
     for ret in func._schema.returns:
         kind = str(ret.type)
         if "Tensor" not in kind:
@@ -103,7 +104,7 @@ def _tag_reason(func: OpOverload, name: str) -> str | None:
     if torch.Tag.dynamic_output_shape in tags:
         return "its output shape depends on the data, which a device graph cannot capture"
     if torch.Tag.data_dependent_output in tags or (
-        _returns_host_value(func) and name not in METADATA_OPS
+        returns_host_value(func) and name not in METADATA_OPS
     ):
         return "it returns a value computed on the host (a device sync); " + _HOST_READ_FIX
     return None

@@ -16,8 +16,8 @@ from typing import Any
 import torch
 
 from ...errors import ReplayError
-from .capture import InputRecord, Step, tree_flatten
-from .pool import PoolRef, RecorderPool
+from .capture import InputRecord, Step
+from .pool_protocol import GraphPool, PoolRef
 
 aten = torch.ops.aten
 
@@ -65,7 +65,7 @@ def allocates_at_replay(step: Step) -> bool:
     return step.kind == "compute"
 
 
-def materialize(steps: list[Step], pool: RecorderPool) -> list[Step]:
+def materialize(steps: list[Step], pool: GraphPool) -> list[Step]:
     """``steps`` with every pool location turned into a tensor over the pool's memory."""
     cache: dict[PoolRef, torch.Tensor] = {}
     # Steps that replay runs nothing for (views, empty factories) need no tensors.
@@ -79,7 +79,7 @@ def materialize(steps: list[Step], pool: RecorderPool) -> list[Step]:
     ]
 
 
-def _materialized(x: Any, pool: RecorderPool, cache: dict[PoolRef, torch.Tensor]) -> Any:
+def _materialized(x: Any, pool: GraphPool, cache: dict[PoolRef, torch.Tensor]) -> Any:
     """``x`` with pool locations as tensors, one per distinct location (module level: a nested
     recursive function would be a reference cycle, freed only by the cyclic collector)."""
     if x.__class__ is PoolRef:
@@ -94,16 +94,6 @@ def _materialized(x: Any, pool: RecorderPool, cache: dict[PoolRef, torch.Tensor]
     if isinstance(x, dict):
         return {k: _materialized(v, pool, cache) for k, v in x.items()}
     return x
-
-
-def segments_used(steps: list[Step]) -> set[int]:
-    """Pool segments a program touches."""
-    used: set[int] = set()
-    for s in steps:
-        for x in tree_flatten((s.args, s.kwargs, s.outputs, s.extra))[0]:
-            if isinstance(x, PoolRef):
-                used.add(x.segment)
-    return used
 
 
 def build_replay(steps: list[Step], inputs: list[InputRecord]) -> Callable[[], None]:

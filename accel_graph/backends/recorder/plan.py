@@ -1,0 +1,351 @@
+"""Planning: what capture decides once about an op with arguments of given metadata.
+
+Whether an op may be captured, whether it is a view, functional or in-place, its outputs'
+shapes, strides, dtypes and device, and how replay will run it depend only on the op, its
+arguments' metadata (shape, stride, dtype, device and storage offset of tensors; type and value
+of everything else) and the default dtype. :func:`plan_for` works that out on the first call
+and caches it process-wide as a :class:`Plan`; recording (:mod:`.capture`) then only allocates
+outputs, notes inputs and records the step. A refused op raises
+:class:`~accel_graph.errors.CaptureError` naming the calling line and is never cached, so the
+error always names the line that called it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch._ops import OpOverload
+
+from ...errors import CaptureError
+from . import ops as opinfo
+from .pytree import first_tensor, tree_flatten, tree_map
+
+_LIFT_FRESH = torch.ops.aten.lift_fresh.default
+_PKG_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
+_Tensor = torch.Tensor
+_LIST_TYPES = (list, tuple)
+_T = "T"
+
+#: Bound of the process-wide caches (output metadata, plans); a full cache starts afresh.
+_CACHE_MAX = 1 << 16
+
+
+def user_frame() -> str:
+    """``file:line in function`` of the innermost caller outside torch and accel_graph: the
+    user's line that an error about an op should name."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        fname = os.path.abspath(frame.f_code.co_filename)
+        if not (fname.startswith(_TORCH_DIR) or fname.startswith(_PKG_DIR)) or "/tests/" in fname:
+            return f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
+        frame = frame.f_back
+    return "<unknown>"
+
+
+# -- the op key ------------------------------------------------------------------------------
+def _key_of(x: Any) -> Any:
+    """Hashable metadata of an op argument (module level: a nested recursive function
+    would be a reference cycle per op)."""
+    if isinstance(x, _Tensor):
+        return (_T, x.shape, x.stride(), x.dtype, x.device, x.storage_offset())
+    if isinstance(x, _LIST_TYPES):
+        return tuple([_key_of(y) for y in x])
+    if isinstance(x, torch.Generator):
+        return "G"
+    # The type matters: x * 2 and x * 2.0 give different dtypes, yet 2 == 2.0.
+    return (x.__class__, x)
+
+
+def op_key(func: OpOverload, args: tuple, kwargs: dict) -> Any:
+    """The key of an op's metadata caches: the op, its arguments' metadata, and the default
+    dtype (factories and Python numbers take it). May be unhashable (callers catch TypeError)."""
+    if kwargs:
+        kw: Any = tuple(sorted([(n, _key_of(v)) for n, v in kwargs.items()]))
+    else:
+        kw = ()
+    return (func, tuple([_key_of(a) for a in args]), kw, torch.get_default_dtype())
+
+
+# -- output metadata -------------------------------------------------------------------------
+@dataclass
+class _MetaResult:
+    out: Any  # meta outputs (pytree), or a non-tensor value
+    aliases: tuple[int | None, ...] = field(default_factory=tuple)  # per flat output
+
+
+#: Output metadata by op key, shared by every capture in the process, so repeated layers and
+#: repeated captures (buckets) do not pay meta execution again.
+_META_CACHE: dict[Any, _MetaResult] = {}
+
+
+def _run_meta(func: OpOverload, args: tuple, kwargs: dict, key: Any) -> _MetaResult:
+    """Output metadata of ``func``: meta kernels first, zero stand-ins second, else refuse.
+
+    ``key`` is the op key (None: unhashable arguments, nothing cached)."""
+    if key is not None:
+        hit = _META_CACHE.get(key)
+        if hit is not None:
+            return hit
+    try:
+        result = _run_on(func, args, kwargs, "meta")
+    except Exception as meta_exc:  # no meta kernel: one run on zero-filled stand-ins
+        try:
+            result = _run_on(func, args, kwargs, "zeros")
+        except Exception as exc:
+            raise CaptureError(
+                f"cannot capture {func} (called at {user_frame()}): its output metadata could "
+                f"not be inferred (meta kernel: {meta_exc}; stand-in run: {exc}). Move this op "
+                f"out of the captured region or file an issue."
+            ) from exc
+    if key is not None:
+        if len(_META_CACHE) >= _CACHE_MAX:
+            _META_CACHE.clear()
+        _META_CACHE[key] = result
+    return result
+
+
+def _run_on(func: OpOverload, args: tuple, kwargs: dict, how: str) -> _MetaResult:
+    """Run ``func`` on stand-ins of its tensors (``how``: ``"meta"`` tensors, or zero-filled
+    ones of the same layout; never pool memory or user tensors) and note output aliasing."""
+    def convert(x: Any) -> Any:
+        if not isinstance(x, torch.Tensor):
+            return x
+        if how == "meta":
+            return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
+        return torch.zeros_like(x, memory_format=torch.preserve_format) if x.is_contiguous() else (
+            torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device).zero_()
+        )
+
+    m_args = tree_map(convert, args)
+    m_kwargs = tree_map(convert, kwargs)
+    if how == "meta" and "device" in m_kwargs:
+        m_kwargs["device"] = "meta"
+    with torch.no_grad():
+        out = func(*m_args, **m_kwargs)
+    in_storages = [
+        t.untyped_storage()._cdata for t in tree_flatten((m_args, m_kwargs))[0]
+        if isinstance(t, torch.Tensor)
+    ]
+    aliases = []
+    for o in tree_flatten(out)[0]:
+        if isinstance(o, torch.Tensor):
+            s = o.untyped_storage()._cdata
+            aliases.append(in_storages.index(s) if s in in_storages else None)
+    return _MetaResult(out, tuple(aliases))
+
+
+# -- plans -----------------------------------------------------------------------------------
+#: Plan kinds: what a cached op does on every later call with the same argument metadata.
+#: ``RUN``: run it now and record nothing (metadata-only in-place ops such as ``t_``, and
+#: metadata queries); ``MUTATE``: in-place / ``out=``, recorded as called; ``VIEW``: run now
+#: (views touch no data), replay refreshes the memory they alias; ``FUNCTIONAL``: outputs from
+#: the pool, replayed by :attr:`Plan.strategy`.
+RUN, MUTATE, VIEW, FUNCTIONAL = "run", "mutate", "view", "functional"
+
+
+class Plan:
+    """Everything about one (op, argument metadata) that capture decides once.
+
+    Legality, the kind, output shapes, strides (with the channels_last rule applied), dtypes
+    and device, the replay strategy and the argument positions of Python numbers to pre-wrap.
+    Values of Python numbers (fill values, numbers to pre-wrap) and generators are read per
+    call by the recorder, never from the plan.
+    """
+
+    __slots__ = ("kind", "rets", "specs", "device", "single", "structure", "strategy",
+                 "positions", "prewrap")
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        #: mutate: (index, name) of the argument each return is
+        self.rets: tuple[tuple[int, str], ...] = ()
+        #: functional: per flat output, (shape, stride, dtype), or (None, value) for a non-tensor
+        self.specs: tuple[Any, ...] = ()
+        self.device: torch.device | None = None
+        self.single = False  # functional: the op returns one tensor
+        self.structure: Any = None  # functional: the output pytree (meta), when not single
+        self.strategy: opinfo.Strategy | None = None
+        #: functional: index of each tensor output among the flat outputs
+        self.positions: tuple[int, ...] = ()
+        self.prewrap: tuple[int, ...] = ()  # out: argument indices holding Python numbers
+
+
+#: Plans by op key, shared by every capture in the process.
+_PLANS: dict[Any, Plan] = {}
+
+
+def plan_for(func: OpOverload, args: tuple, kwargs: dict) -> Plan | None:
+    """The plan of ``func`` with arguments of this metadata: cached, or decided now.
+
+    Raises CaptureError for what capture refuses (never cached). None: ``lift_fresh``, a
+    constant made inside the capture, which the recorder handles on every call.
+    """
+    try:
+        key: Any = op_key(func, args, kwargs)
+        plan = _PLANS.get(key)
+    except TypeError:  # an unhashable argument: decide afresh, cache nothing
+        key, plan = None, None
+    if plan is not None:
+        return plan
+    reason = opinfo.illegal_reason(func, args, kwargs)
+    if reason is not None:
+        raise CaptureError(
+            f"{func} is not allowed during graph capture (called at {user_frame()}): {reason}."
+        )
+    if func is _LIFT_FRESH:
+        return None
+    tags = func.tags
+    if torch.Tag.inplace_view in tags:
+        plan = Plan(RUN)
+    elif func._schema.is_mutable:
+        plan = _plan_mutation(func, args, kwargs, key)
+    elif opinfo.returns_host_value(func):
+        plan = Plan(RUN)
+    else:
+        plan = _plan_functional(func, args, kwargs, key)
+    if key is not None:
+        if len(_PLANS) >= _CACHE_MAX:
+            _PLANS.clear()
+        _PLANS[key] = plan
+    return plan
+
+
+def _plan_functional(func: OpOverload, args: tuple, kwargs: dict, key: Any) -> Plan:
+    meta = _run_meta(func, args, kwargs, key)
+    flat_meta, _ = tree_flatten(meta.out)
+    if flat_meta and all(a is not None for a in meta.aliases):
+        return Plan(VIEW)
+    if any(a is not None for a in meta.aliases):
+        raise CaptureError(
+            f"{func} returns some outputs that alias its inputs and some that do not; the "
+            f"recorder cannot capture that mix (called at {user_frame()})"
+        )
+    plan = Plan(FUNCTIONAL)
+    layout = _input_layout(func, args)
+    specs: list[Any] = []
+    for m in flat_meta:
+        if not isinstance(m, torch.Tensor):
+            specs.append((None, m))
+            continue
+        stride = m.stride()
+        if layout is not None and m.dim() == layout[1]:
+            stride = torch.empty_strided(m.shape, m.stride(), device="meta").contiguous(
+                memory_format=layout[0]).stride()
+        specs.append((m.shape, stride, m.dtype))
+    plan.specs = tuple(specs)
+    plan.device = _output_device(args, kwargs)
+    plan.single = isinstance(meta.out, torch.Tensor)
+    plan.structure = meta.out
+    plan.positions = tuple(i for i, s in enumerate(specs) if s[0] is not None)
+    n_tensors = len(plan.positions)
+    strategy = opinfo.choose_strategy(func, args, kwargs)
+    if strategy.kind == "copy":
+        if first_tensor((args, kwargs)) is None:
+            strategy = opinfo.Strategy("compute", why="copy op without a tensor source")
+    elif strategy.kind == "out" and len(strategy.out_names) != 1 and len(strategy.out_names) != n_tensors:
+        strategy = opinfo.Strategy("compute", why=f"{strategy.op} out arguments do not match outputs")
+    elif strategy.kind == "out":
+        plan.prewrap = _number_positions(strategy.op, args)
+    plan.strategy = strategy
+    return plan
+
+
+def _plan_mutation(func: OpOverload, args: tuple, kwargs: dict, key: Any) -> Plan:
+    name = func.overloadpacket.__name__
+    if name in ("set_", "resize_", "resize_as_", "_resize_output_", "_local_scalar_dense"):
+        raise CaptureError(
+            f"{func} re-points or resizes a tensor during capture (called at {user_frame()}); "
+            f"allocate tensors at their final size before capture"
+        )
+    # Check that the op would not resize its outputs (out= with a wrong shape): replay
+    # writes in place, so a resize at capture time cannot be replayed.
+    meta = _run_meta(func, args, kwargs, key)
+    for t in _mutated_tensors(func, args, kwargs):
+        if isinstance(t, torch.Tensor) and t.numel() == 0 and any(
+            isinstance(m, torch.Tensor) and m.numel() for m in tree_flatten(meta.out)[0]
+        ):
+            raise CaptureError(
+                f"{func} would resize its out= tensor during capture (called at "
+                f"{user_frame()}); allocate the out= tensor with its final shape"
+            )
+    # In-place and out= ops return the tensors they mutate, per their schema.
+    rets = []
+    for ret in func._schema.returns:
+        alias = ret.alias_info
+        where = None if alias is None else _alias_arg_position(func, alias)
+        if where is None:
+            # Returns that alias nothing are fresh results of a mutating op (rare).
+            raise CaptureError(
+                f"{func} mutates an input and also returns a fresh tensor; the recorder cannot "
+                f"capture that (called at {user_frame()})"
+            )
+        rets.append(where)
+    plan = Plan(MUTATE)
+    plan.rets = tuple(rets)
+    return plan
+
+
+def _mutated_tensors(func: OpOverload, args: tuple, kwargs: dict) -> list[Any]:
+    out = []
+    for i, a in enumerate(func._schema.arguments):
+        if a.alias_info is not None and a.alias_info.is_write:
+            out.append(args[i] if i < len(args) else kwargs.get(a.name))
+    return out
+
+
+def _alias_arg_position(func: OpOverload, alias: Any) -> tuple[int, str] | None:
+    """(index, name) of the argument a return aliases, per the schema."""
+    sets = alias.before_set
+    for i, a in enumerate(func._schema.arguments):
+        if a.alias_info is not None and a.alias_info.before_set == sets:
+            return i, a.name
+    return None
+
+
+def _output_device(args: tuple, kwargs: dict) -> torch.device:
+    dev = kwargs.get("device")
+    if dev is not None:
+        return torch.device(dev)
+    fallback = None
+    for t in tree_flatten((args, kwargs))[0]:
+        if not isinstance(t, torch.Tensor):
+            continue
+        if t.device.type != "cpu" or t.dim() > 0:
+            return t.device
+        fallback = fallback or t.device
+    # No tensor and no device= (a factory without device): the op makes a host tensor, as
+    # eager does; a default device set by the user reaches the dispatcher as device=.
+    return fallback or torch.device("cpu")
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _number_positions(op: OpOverload, args: tuple) -> tuple[int, ...]:
+    """Indices of ``args`` where ``op`` takes a Tensor and a Python number was given (the
+    numbers the recorder pre-wraps once as 0-dim tensors); empty when there is no tensor to
+    promote with."""
+    params = opinfo.tensor_params(op)
+    if not params or next((a for a in args if isinstance(a, _Tensor)), None) is None:
+        return ()
+    return tuple(i for i, _ in params if i < len(args) and _is_number(args[i]))
+
+
+def _input_layout(func: OpOverload, args: tuple) -> tuple[torch.memory_format, int] | None:
+    """The channels_last layout an op's output takes from its first input, if it does."""
+    if func.overloadpacket.__name__ not in opinfo.LAYOUT_FOLLOWING_OPS or not args:
+        return None
+    x = args[0]
+    if not isinstance(x, torch.Tensor) or x.is_contiguous():
+        return None
+    if x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last):
+        return torch.channels_last, 4
+    if x.dim() == 5 and x.is_contiguous(memory_format=torch.channels_last_3d):
+        return torch.channels_last_3d, 5
+    return None
