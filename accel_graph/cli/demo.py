@@ -21,7 +21,6 @@ in ``docs/runner.md``).
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import sys
 import time
@@ -32,6 +31,7 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError
+from .output import write_json
 
 __all__ = ["SCHEMA", "add_arguments", "format_report", "run", "run_demo"]
 
@@ -67,8 +67,7 @@ def run(args: argparse.Namespace) -> int:
     )
     sys.stdout.write(format_report(report))
     if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2, allow_nan=False) + "\n", encoding="utf-8")
+        write_json(args.json, report)  # strict JSON, keys in the report's order
         sys.stdout.write(f"wrote {args.json}\n")
     return 0 if report["check"]["ok"] else 1
 

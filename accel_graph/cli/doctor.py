@@ -21,17 +21,18 @@ import dataclasses
 import datetime as _dt
 import importlib
 import importlib.util
-import json
 import os
 import platform
 import sys
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..backends.device_facts import NOT_CHECKED_CUDA, NOT_CHECKED_XPU
 from ..backends.device_facts import safe as _safe
+from .output import json_text, write_json
 
 if TYPE_CHECKING:
     from ..backends.base import Backend
@@ -66,11 +67,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Collect, print (table or JSON) and optionally write the report. Returns 0."""
     report = collect(probe_devices=bool(args.probe_devices))
-    text = json.dumps(report, indent=2, sort_keys=False)
     if args.out:
-        with open(args.out, "w", encoding="utf-8") as f:
-            f.write(text + "\n")
-    print(text if args.json else format_report(report))
+        write_json(Path(args.out), report, allow_nan=True)
+    print(json_text(report, sort_keys=False) if args.json else format_report(report))
     return 0
 
 

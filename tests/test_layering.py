@@ -1,0 +1,265 @@
+"""The package's shape, checked from its own source (docs/architecture.md).
+
+Imports are parsed with :mod:`ast` (nothing is imported), so the rules hold for every module,
+whether a test imports it or not:
+
+- **Layers.** Every module belongs to one layer of :data:`LAYERS`; it may import its own layer
+  and lower ones, never a higher one. Imports inside functions and under ``TYPE_CHECKING`` count:
+  a lazy import still makes the lower layer depend on the higher one.
+- **No circles.** The graph of module-level imports (the ones that run at import time, not those
+  under ``TYPE_CHECKING``) has no cycle.
+- **No private names across modules.** No module imports another module's ``_name`` or reads
+  ``module._name`` of an accel_graph module it imported.
+- **Small modules.** No Python module is over 500 lines.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1] / "accel_graph"
+
+#: Lowest first. A module's layer is the one of the longest prefix that names it.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("accel_graph._lazy", "accel_graph.errors", "accel_graph.config", "accel_graph.tolerances"),
+    ("accel_graph.allocator.units", "accel_graph.allocator.alloc_conf"),
+    ("accel_graph.allocator.traces",),
+    ("accel_graph.allocator.core",),
+    ("accel_graph.allocator.sim",),
+    ("accel_graph.allocator.tune", "accel_graph.allocator.analysis"),
+    ("accel_graph.allocator",),  # the lazy package face
+    ("accel_graph.backends.base",),
+    ("accel_graph.backends",),
+    ("accel_graph.frontend", "accel_graph.capturable"),
+    ("accel_graph.runner",),
+    # The package face: lazy public names over the layers below. Everything above uses the
+    # public API through it, as a user would.
+    ("accel_graph",),
+    ("accel_graph.models", "accel_graph.bench", "accel_graph.testing"),
+    ("accel_graph.cli",),
+)
+
+MAX_LINES = 500
+
+
+def layer_of(module: str) -> int:
+    best, best_len = None, -1
+    for i, prefixes in enumerate(LAYERS):
+        for p in prefixes:
+            if (module == p or module.startswith(p + ".")) and len(p) > best_len:
+                best, best_len = i, len(p)
+    assert best is not None, f"{module} is in no layer: add it to LAYERS and docs/architecture.md"
+    return best
+
+
+@dataclass
+class Module:
+    name: str
+    path: Path
+    is_package: bool
+    tree: ast.Module
+    lines: int
+    #: (target module, imported names, line, runs at import time)
+    imports: list[tuple[str, tuple[str, ...], int, bool]] = field(default_factory=list)
+
+
+def _module_name(path: Path) -> tuple[str, bool]:
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        return ".".join(parts[:-1]), True
+    return ".".join(parts), False
+
+
+def _type_checking_blocks(tree: ast.Module) -> set[int]:
+    ids = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for sub in node.body:
+                ids.update(id(n) for n in ast.walk(sub))
+    return ids
+
+
+def _import_time_nodes(tree: ast.Module) -> set[int]:
+    """Import nodes that run when the module is imported: outside every function body."""
+    ids: set[int] = set()
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                continue
+            ids.add(id(child))
+            visit(child)
+
+    visit(tree)
+    return ids
+
+
+def _load() -> dict[str, Module]:
+    modules: dict[str, Module] = {}
+    for path in sorted(ROOT.rglob("*.py")):
+        name, is_pkg = _module_name(path)
+        text = path.read_text()
+        modules[name] = Module(name, path, is_pkg, ast.parse(text), len(text.splitlines()))
+    for mod in modules.values():
+        typing_only = _type_checking_blocks(mod.tree)
+        at_import = _import_time_nodes(mod.tree)
+        package = mod.name if mod.is_package else mod.name.rpartition(".")[0]
+        for node in ast.walk(mod.tree):
+            eager = id(node) in at_import and id(node) not in typing_only
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")
+                    base = base[: len(base) - (node.level - 1)]
+                    target = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    target = node.module or ""
+                if not target.startswith("accel_graph"):
+                    continue
+                names = tuple(a.name for a in node.names)
+                # `from pkg import submodule` depends on the submodule
+                subs = [n for n in names if f"{target}.{n}" in modules]
+                for n in subs:
+                    mod.imports.append((f"{target}.{n}", (), node.lineno, eager))
+                rest = tuple(n for n in names if n not in subs)
+                if rest or not subs:
+                    mod.imports.append((target, rest, node.lineno, eager))
+            elif isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.name.startswith("accel_graph"):
+                        mod.imports.append((a.name, (), node.lineno, eager))
+    return modules
+
+
+MODULES = _load()
+
+
+def _resolve(target: str) -> str | None:
+    """The module an import names (a compiled extension or unknown name: None)."""
+    while target and target not in MODULES:
+        target = target.rpartition(".")[0]
+    return target or None
+
+
+def test_every_module_has_a_layer():
+    for name in MODULES:
+        layer_of(name)
+
+
+def test_no_import_runs_up_a_layer():
+    bad = []
+    for mod in MODULES.values():
+        own = layer_of(mod.name)
+        for target, _names, line, _eager in mod.imports:
+            resolved = _resolve(target)
+            if resolved is None:
+                continue
+            # a package's own face imports its submodules; that is down, not up
+            if resolved.startswith(mod.name + ".") and mod.is_package:
+                continue
+            if layer_of(resolved) > own:
+                bad.append(f"{mod.path.relative_to(ROOT.parent)}:{line} imports {resolved} "
+                           f"(layer {layer_of(resolved)} > {own})")
+    assert not bad, "imports that run up a layer:\n" + "\n".join(bad)
+
+
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+    counter = [0]
+
+    def strong(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in sorted(edges.get(v, ())):
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(edges):
+        if v not in index:
+            strong(v)
+    return out
+
+
+def test_no_import_circles():
+    edges: dict[str, set[str]] = {}
+    for mod in MODULES.values():
+        for target, _names, _line, eager in mod.imports:
+            resolved = _resolve(target)
+            if eager and resolved is not None and resolved != mod.name:
+                edges.setdefault(mod.name, set()).add(resolved)
+    assert not _cycles(edges), f"import circles: {_cycles(edges)}"
+
+
+def _private_uses(mod: Module) -> Iterator[str]:
+    aliases: dict[str, str] = {}
+    for target, names, line, _eager in mod.imports:
+        resolved = _resolve(target)
+        if resolved is None:
+            continue
+        for n in names:
+            if n.startswith("_") and not n.startswith("__") and resolved != mod.name:
+                yield f"{mod.path.relative_to(ROOT.parent)}:{line} imports {resolved}.{n}"
+    for node in ast.walk(mod.tree):
+        if isinstance(node, ast.ImportFrom) or isinstance(node, ast.Import):
+            for a in node.names:
+                full = None
+                if isinstance(node, ast.Import) and a.name.startswith("accel_graph"):
+                    full = a.name
+                elif isinstance(node, ast.ImportFrom):
+                    for target, _n, line, _e in mod.imports:
+                        if line == node.lineno and target.endswith("." + a.name):
+                            full = target
+                if full and full in MODULES and full != mod.name:
+                    aliases[a.asname or a.name.split(".")[0]] = full
+    for node in ast.walk(mod.tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                and node.value.id in aliases and node.attr.startswith("_")
+                and not node.attr.startswith("__")):
+            yield (f"{mod.path.relative_to(ROOT.parent)}:{node.lineno} reads "
+                   f"{aliases[node.value.id]}.{node.attr}")
+
+
+def test_no_private_names_across_modules():
+    bad = [use for mod in MODULES.values() for use in _private_uses(mod)]
+    assert not bad, "private names used across modules:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_modules_stay_small(name):
+    mod = MODULES[name]
+    assert mod.lines <= MAX_LINES, (
+        f"{mod.path.relative_to(ROOT.parent)} has {mod.lines} lines (at most {MAX_LINES}): "
+        "split it where a reader would look for the behaviour"
+    )
+
+
+def test_the_rules_catch_what_they_claim(tmp_path):
+    """The checks themselves can fail: a made-up cycle and an upward import are found."""
+    assert _cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
+    assert layer_of("accel_graph.allocator.core.engine") < layer_of("accel_graph.backends.cuda")
+    assert layer_of("accel_graph.tolerances") < layer_of("accel_graph.runner.verify")
+    assert layer_of("accel_graph.runner") < layer_of("accel_graph") < layer_of("accel_graph.cli")
