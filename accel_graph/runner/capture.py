@@ -92,7 +92,7 @@ def _capture_one(rt: RunnerRuntime, bucket: Bucket) -> None:
     _check_outputs(rt, warm, b)
     del warm
     backend.synchronize(spec)
-    g = Graph(device=rt.graph_device, pool=rt.pool, compile=rt.compile)
+    g = Graph(device=rt.device, pool=rt.pool, compile=rt.compile)
     t0 = time.perf_counter()
     try:
         with torch.no_grad(), graph(g, pool=rt.pool):

@@ -151,8 +151,9 @@ class GraphRunner:
             InputSpec.build(nm, x, d, p, i, ladder[-1], dev)
             for nm, x, d, p, i in zip(names, leaves, dims, pads, idx)
         ]
-        graph_device = device or dev  # what each Graph is given (routes as Graph(device=...))
-        backend, routed = select_backend(graph_device)
+        # Graphs get the resolved device, never the bare argument: device="cuda" with inputs on
+        # cuda:1 must capture on cuda:1, not on whatever device is current.
+        backend, routed = select_backend(dev)
         self._runtime = RunnerRuntime(
             fn=fn,
             ladder=ladder,
@@ -164,7 +165,6 @@ class GraphRunner:
             flat_args=not kwargs and all(isinstance(a, torch.Tensor) for a in args),
             output_batch_dim=output_batch_dim,
             device=dev,
-            graph_device=graph_device,
             backend=backend,
             device_spec=backend.device_spec(routed),
             compile=compile,

@@ -82,11 +82,9 @@ class RunnerRuntime:
     flat_args: bool
     #: The ``output_batch_dim`` argument, broadcast against the outputs at capture.
     output_batch_dim: Any
-    #: The runner's device (where inputs must be).
+    #: The runner's device: where inputs must be, and the ``device=`` of every Graph it makes.
     device: torch.device
-    #: The ``device=`` given to every Graph the runner makes (the argument, else ``device``).
-    graph_device: torch.device | str | int
-    #: The backend the router picked for ``graph_device`` at construction.
+    #: The backend the router picked for ``device`` at construction.
     backend: Backend
     #: ``backend``'s description of the routed device (the shared pool is made for it).
     device_spec: DeviceSpec
