@@ -592,8 +592,8 @@ def compare_recordings(native: Path, expandable: Path) -> dict[str, Any]:
     """The ``simulator_trace`` verdict for two recordings of one workload (native segments,
     then expandable segments): replaying the native one under its own settings must be exact,
     and its expandable what-if must predict the expandable recording's peak within 2 %."""
-    from accel_graph.allocator.sim.replayer import recorded_summary
     from accel_graph.allocator.sim.scenario import make_scenario, simulate
+    from accel_graph.allocator.sim.trace_ops import recorded_summary
     from accel_graph.allocator.traces import load_trace
 
     keys = ("segment_alloc", "segment_free", "segment_map", "segment_unmap", "peak_reserved",

@@ -12,13 +12,8 @@ import numpy as np
 import pytest
 from torch_stat_names import TORCH_STAT_NAMES
 
-from accel_graph.allocator.core.engine import (
-    EVENT_DTYPE,
-    OP,
-    OP_DTYPE,
-    Engine,
-    EngineSettings,
-)
+from accel_graph.allocator.core.engine import EVENT_DTYPE, OP, OP_DTYPE, Engine
+from accel_graph.allocator.core.settings import EngineSettings
 from accel_graph.allocator.traces.actions import ACTION_CODE, ACTIONS
 from accel_graph.errors import (
     AccelGraphError,

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from ..traces import load_trace
-from .replayer import empty_cache_positions, recorded_summary, replay_trace
+from .replayer import replay_trace
+from .trace_ops import empty_cache_positions, recorded_summary
 
 __all__ = ["TWINS", "METRICS", "find_npu_traces", "fidelity_table", "format_table"]
 
