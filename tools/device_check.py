@@ -277,14 +277,14 @@ def main(argv: list[str] | None = None) -> int:
         "rows": results,
         "ok": all(r["status"] not in ("fail", "error") for r in results),
     }
-    table = format_table(report)
+    table = report_markdown(report)
     print(table)
     (out / "device_check.json").write_text(json.dumps(report, indent=2) + "\n")
     (out / "device_check.md").write_text(table + "\n")
     return 0 if report["ok"] else 1
 
 
-def format_table(report: dict[str, Any]) -> str:
+def report_markdown(report: dict[str, Any]) -> str:
     """A markdown table of the rows, headed by date, GPU, driver and torch version."""
     lines = [
         f"device_check {report['date']}: GPU {report.get('gpu') or 'none'} "

@@ -316,6 +316,8 @@ class Engine:
 
     def memory_stats(self) -> dict[str, int]:
         """torch.cuda.memory_stats()-shaped flat dict (plus ``accel.*`` extras)."""
+        # Keyed on the name, not on POLICY_KEYS: bfc resets max_split_size at create
+        # (bfc_adjust_settings, _core_bfc.c), while xpu ignores the key yet keeps and reports it.
         max_split = None if self.policy == "bfc" else self.settings.max_split_size
         return memory_stats_dict(self._raw_stats(), max_split)
 
