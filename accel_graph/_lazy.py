@@ -16,7 +16,7 @@ from typing import Any
 def lazy_exports(package: str, table: dict[str, str]) -> tuple[Callable[[str], Any],
                                                                 Callable[[], list[str]]]:
     """``(__getattr__, __dir__)`` for ``package``; ``table`` maps a public name to the relative
-    module that defines it (``{"parse_config": ".config"}``)."""
+    module that defines it (``{"parse_config": ".alloc_conf"}``)."""
 
     def __getattr__(name: str) -> Any:
         module = table.get(name)

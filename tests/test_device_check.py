@@ -87,7 +87,7 @@ def test_a_raising_row_is_isolated(capsys: pytest.CaptureFixture[str]) -> None:
     assert [r["status"] for r in rows] == ["error", "pass", "pending"]
     assert "illegal memory access" in rows[0]["summary"] and "Traceback" in rows[0]["details"]["traceback"]
     report = {"date": "d", "gpu": "G", "gpu_count": 1, "driver": "1", "torch": "t", "rows": rows}
-    table = tool.format_table(report)
+    table = tool.report_markdown(report)
     assert "| a | error | RuntimeError: CUDA error" in table and "| b | pass | fine |" in table
 
 

@@ -45,8 +45,9 @@ from datetime import datetime, timezone
 
 import numpy as np
 
-from accel_graph.allocator.core.engine import OP, OP_DTYPE, Engine, EngineSettings
+from accel_graph.allocator.core.engine import OP, OP_DTYPE, Engine
 from accel_graph.allocator.core.loader import load_core
+from accel_graph.allocator.core.settings import EngineSettings
 
 MIB = 1 << 20
 KIB = 1 << 10

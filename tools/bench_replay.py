@@ -23,7 +23,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from accel_graph.allocator.sim.replayer import build_ops, replay_trace  # noqa: E402
+from accel_graph.allocator.sim.replayer import replay_trace  # noqa: E402
+from accel_graph.allocator.sim.trace_ops import build_ops
 from accel_graph.allocator.traces import Trace, load_trace, save_trace  # noqa: E402
 from accel_graph.allocator.traces.actions import ACTION_CODE  # noqa: E402
 from accel_graph.allocator.traces.record import TRACE_DTYPE  # noqa: E402

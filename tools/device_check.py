@@ -277,14 +277,14 @@ def main(argv: list[str] | None = None) -> int:
         "rows": results,
         "ok": all(r["status"] not in ("fail", "error") for r in results),
     }
-    table = format_table(report)
+    table = report_markdown(report)
     print(table)
     (out / "device_check.json").write_text(json.dumps(report, indent=2) + "\n")
     (out / "device_check.md").write_text(table + "\n")
     return 0 if report["ok"] else 1
 
 
-def format_table(report: dict[str, Any]) -> str:
+def report_markdown(report: dict[str, Any]) -> str:
     """A markdown table of the rows, headed by date, GPU, driver and torch version."""
     lines = [
         f"device_check {report['date']}: GPU {report.get('gpu') or 'none'} "
@@ -592,8 +592,8 @@ def compare_recordings(native: Path, expandable: Path) -> dict[str, Any]:
     """The ``simulator_trace`` verdict for two recordings of one workload (native segments,
     then expandable segments): replaying the native one under its own settings must be exact,
     and its expandable what-if must predict the expandable recording's peak within 2 %."""
-    from accel_graph.allocator.sim.replayer import recorded_summary
     from accel_graph.allocator.sim.scenario import make_scenario, simulate
+    from accel_graph.allocator.sim.trace_ops import recorded_summary
     from accel_graph.allocator.traces import load_trace
 
     keys = ("segment_alloc", "segment_free", "segment_map", "segment_unmap", "peak_reserved",

@@ -12,7 +12,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from accel_graph.allocator.sim.fidelity import fidelity_table, find_npu_traces, format_table  # noqa: E402
+from accel_graph.allocator.sim.fidelity import (  # noqa: E402
+    fidelity_markdown,
+    fidelity_table,
+    find_npu_traces,
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
         print("shared/traces/npu not found; pass --traces", file=sys.stderr)
         return 2
     rows = fidelity_table(d)
-    print(format_table(rows))
+    print(fidelity_markdown(rows))
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=2) + "\n")
     return 0

@@ -25,7 +25,7 @@ _LAZY: dict[str, str] = {
     "settings_from_environment": ".alloc_conf",
     "settings_from_snapshot": ".alloc_conf",
     "Engine": ".core.engine",
-    "EngineSettings": ".core.engine",
+    "EngineSettings": ".core.settings",
     "Trace": ".traces",
     "load_trace": ".traces",
     "save_trace": ".traces",

@@ -35,8 +35,10 @@ __all__ = [
     "current_backend",
     "get_backend",
     "probe_all",
+    "register_backend",
     "registered_backends",
     "select_backend",
+    "unregister_backend",
 ]
 
 log = logging.getLogger("accel_graph")

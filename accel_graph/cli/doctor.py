@@ -30,7 +30,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..backends.device_facts import NOT_CHECKED_CUDA, NOT_CHECKED_XPU
 from ..backends.device_facts import safe as _safe
 from .output import json_text, write_json
 
@@ -38,8 +37,6 @@ if TYPE_CHECKING:
     from ..backends.base import Backend
 
 __all__ = [
-    "NOT_CHECKED_CUDA",  # re-exported: what an unchecked per-device fact reads (docs/doctor.md)
-    "NOT_CHECKED_XPU",
     "SCHEMA",
     "SCHEMA_VERSION",
     "add_arguments",

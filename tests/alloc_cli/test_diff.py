@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from accel_graph.allocator.sim.replayer import recorded_summary
 from accel_graph.allocator.sim.scenario import make_scenario, simulate
+from accel_graph.allocator.sim.trace_ops import recorded_summary
 from accel_graph.allocator.traces import load_trace
 from accel_graph.cli.alloc.diff import METRICS, RECORDED_METRICS
 

@@ -10,8 +10,8 @@ import pytest
 
 from accel_graph.allocator.analysis.timeline import Timeline, recorded_timeline, simulated_timeline
 from accel_graph.allocator.sim.generate import generate
-from accel_graph.allocator.sim.replayer import recorded_summary
 from accel_graph.allocator.sim.scenario import make_scenario, simulate
+from accel_graph.allocator.sim.trace_ops import recorded_summary
 from accel_graph.allocator.traces import load_trace
 from accel_graph.allocator.units import fmt_bytes
 

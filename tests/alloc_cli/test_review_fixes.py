@@ -183,7 +183,7 @@ def test_help_points_at_the_page_with_the_schema(cli, command, doc):
 
 
 def test_policy_help_names_every_engine_policy(cli):
-    from accel_graph.allocator.core.engine import POLICIES
+    from accel_graph.allocator.core.settings import POLICIES
 
     flat = " ".join(cli("simulate", "--help").out.split())
     for name in POLICIES:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from accel_graph.allocator.sim.replayer import recorded_summary
+from accel_graph.allocator.sim.trace_ops import recorded_summary
 from accel_graph.allocator.traces import load_trace
 from accel_graph.cli.alloc import options
 

@@ -13,10 +13,10 @@ from accel_graph.allocator.analysis.inspect import (
     WASTE_COMPONENTS,
     inspect_trace,
     layout_at,
-    top_user_frame,
 )
+from accel_graph.allocator.analysis.sites import top_user_frame
 from accel_graph.allocator.sim.fidelity import find_npu_traces
-from accel_graph.allocator.sim.replayer import recorded_summary
+from accel_graph.allocator.sim.trace_ops import recorded_summary
 from accel_graph.allocator.traces import Trace, load_trace
 from accel_graph.allocator.traces.actions import ACTION_CODE as C
 from accel_graph.allocator.traces.record import TRACE_DTYPE

@@ -12,13 +12,8 @@ import numpy as np
 import pytest
 from torch_stat_names import TORCH_STAT_NAMES
 
-from accel_graph.allocator.core.engine import (
-    EVENT_DTYPE,
-    OP,
-    OP_DTYPE,
-    Engine,
-    EngineSettings,
-)
+from accel_graph.allocator.core.engine import EVENT_DTYPE, OP, OP_DTYPE, Engine
+from accel_graph.allocator.core.settings import EngineSettings
 from accel_graph.allocator.traces.actions import ACTION_CODE, ACTIONS
 from accel_graph.errors import (
     AccelGraphError,
@@ -195,6 +190,31 @@ def test_oom_hint_is_dropped_with_expandable_segments():
     with pytest.raises(OutOfMemoryError) as info:
         e.malloc(30 * MIB)
     assert "expandable_segments:True" not in str(info.value)
+
+
+def test_policy_tables_cover_every_policy():
+    """A new policy is a name in POLICIES plus its rows in POLICY_KEYS and POLICY_MODELS: the
+    tuner, the OOM message and the CLI's --policy help read them."""
+    from accel_graph.allocator.core.settings import POLICIES, POLICY_KEYS, POLICY_MODELS
+
+    assert set(POLICY_KEYS) == set(POLICIES) == set(POLICY_MODELS)
+
+
+@pytest.mark.parametrize("policy", ["xpu", "bfc"])
+def test_oom_hint_follows_the_policy_keys(policy):
+    """torch's expandable-segments hint stays for a policy that honours the key (xpu) and is
+    replaced by what the policy models for one that does not (bfc)."""
+    e = Engine(policy, settings=EngineSettings(cap=40 * MIB))
+    e.malloc(30 * MIB)
+    with pytest.raises(OutOfMemoryError) as info:
+        e.malloc(30 * MIB)
+    msg = str(info.value)
+    if policy == "xpu":
+        assert "expandable_segments:True" in msg and "policy xpu" not in msg
+    else:
+        assert "expandable_segments:True" not in msg
+        assert msg.endswith("(policy bfc: a model of TensorFlow's BFC allocator; torch's allocator "
+                            "settings do not apply)")
 
 
 # -- statistics keys -------------------------------------------------------------------------------

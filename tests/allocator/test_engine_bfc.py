@@ -12,14 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from accel_graph.allocator.core.engine import (
-    OP,
-    OP_DTYPE,
-    POLICIES,
-    Engine,
-    EngineSettings,
-    round_size,
-)
+from accel_graph.allocator.core.engine import OP, OP_DTYPE, Engine
+from accel_graph.allocator.core.settings import POLICIES, EngineSettings, round_size
 from accel_graph.errors import OutOfMemoryError
 
 KIB = 1 << 10

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from accel_graph.allocator.core.engine import (
-    Engine,
+from accel_graph.allocator.core.engine import Engine
+from accel_graph.allocator.core.settings import (
     EngineSettings,
     allocation_size,
     round_size,

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from accel_graph.allocator.core.engine import Engine, EngineSettings
+from accel_graph.allocator.core.engine import Engine
+from accel_graph.allocator.core.settings import EngineSettings
 from accel_graph.errors import OutOfMemoryError
 
 MIB = 1 << 20

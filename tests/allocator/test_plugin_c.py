@@ -21,8 +21,9 @@ import pytest
 
 from accel_graph import AccelGraphError
 from accel_graph.allocator.core import device_plugin as plugin
-from accel_graph.allocator.core.engine import Engine, EngineSettings
+from accel_graph.allocator.core.engine import Engine
 from accel_graph.allocator.core.loader import load_core
+from accel_graph.allocator.core.settings import EngineSettings
 
 MIB = 1 << 20
 

@@ -26,8 +26,8 @@ import torch
 import accel_graph
 from accel_graph import BackendUnavailable, CaptureError, ConfigError
 from accel_graph.allocator.core import device_plugin as plugin
-from accel_graph.allocator.core.engine import EngineSettings
 from accel_graph.allocator.core.loader import load_core
+from accel_graph.allocator.core.settings import EngineSettings
 from accel_graph.backends import register_backend, registered_backends, unregister_backend
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for backends.fakes

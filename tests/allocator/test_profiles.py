@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from accel_graph.allocator.core.engine import EngineSettings, round_size
+from accel_graph.allocator.core.settings import EngineSettings, round_size
 from accel_graph.allocator.sim.profiles import (
     PROFILES,
     ROUNDING_RULES,

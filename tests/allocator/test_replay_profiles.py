@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from accel_graph.allocator.core.engine import Engine, EngineSettings, round_size
+from accel_graph.allocator.core.engine import Engine
+from accel_graph.allocator.core.settings import EngineSettings, round_size
 from accel_graph.allocator.sim.profiles import PROFILES, ROUNDING_RULES, round_requests
 from accel_graph.allocator.sim.replayer import apply_profile, replay_trace
 from accel_graph.allocator.traces import Trace, segments_from_layout

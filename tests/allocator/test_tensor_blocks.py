@@ -15,7 +15,8 @@ import threading
 import pytest
 import torch
 
-from accel_graph.allocator.core.engine import Engine, EngineSettings
+from accel_graph.allocator.core.engine import Engine
+from accel_graph.allocator.core.settings import EngineSettings
 from accel_graph.errors import OutOfMemoryError
 
 F32 = (2, 32)  # DLPack kDLFloat, 32 bits

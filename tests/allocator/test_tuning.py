@@ -5,19 +5,13 @@ from __future__ import annotations
 import pytest
 
 from accel_graph.allocator.alloc_conf import parse_config
-from accel_graph.allocator.core.engine import POLICIES
+from accel_graph.allocator.core.settings import POLICIES
 from accel_graph.allocator.sim.generate import generate
 from accel_graph.allocator.sim.profiles import PROFILES
 from accel_graph.allocator.sim.scenario import largest_request
-from accel_graph.allocator.tune.search import (
-    MALLOCS_PEAK_SLACK,
-    Candidate,
-    build_space,
-    pareto_front,
-    rank,
-    search_space,
-    tune,
-)
+from accel_graph.allocator.tune.ranking import MALLOCS_PEAK_SLACK, Candidate, pareto_front, rank
+from accel_graph.allocator.tune.search import tune
+from accel_graph.allocator.tune.space import build_space, search_space
 from accel_graph.errors import CapacityError, UnsupportedTraceError
 
 MIB = 1 << 20
@@ -212,9 +206,9 @@ def test_recorded_fraction_needs_a_cap():
 
 @pytest.mark.parametrize("policy", sorted(POLICIES))
 def test_policy_keys_table_matches_the_engine(policy):
-    """engine.POLICY_KEYS says which knobs a policy acts on; every other knob must leave its
+    """core.settings.POLICY_KEYS says which knobs a policy acts on; every other knob must leave its
     replay unchanged (checked on traces where each knob does matter under native)."""
-    from accel_graph.allocator.core.engine import POLICY_KEYS
+    from accel_graph.allocator.core.settings import POLICY_KEYS
     from accel_graph.allocator.sim.scenario import make_scenario, simulate
 
     knob_values = {

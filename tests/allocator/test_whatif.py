@@ -1,5 +1,5 @@
-"""whatif.simulate with a caller-owned conversion cache (replay.build_ops_reusing, as tune uses
-it): identical results to a fresh conversion for many configurations and profiles, each
+"""sim.scenario.simulate with a caller-owned conversion cache (sim.trace_ops.build_ops_reusing, as
+tune uses it): identical results to a fresh conversion for many configurations and profiles, each
 distinct conversion made once."""
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from accel_graph.backends import (
     registered_backends,
 )
 from accel_graph.backends.base import Backend
+from accel_graph.backends.device_facts import NOT_CHECKED_CUDA
 from accel_graph.cli import doctor
 from accel_graph.cli.main import main
 
@@ -159,7 +160,7 @@ def test_fake_cuda_without_probe_initialises_nothing(registry: None, monkeypatch
     assert not fake.initialized
     nv = r["nvidia"]
     assert nv["arch_list"] == ["sm_80", "sm_90", "compute_90"]
-    assert nv["devices"] is None and nv["note"] == doctor.NOT_CHECKED_CUDA
+    assert nv["devices"] is None and nv["note"] == NOT_CHECKED_CUDA
     b = by_name(r)
     assert b["cuda"]["usable"] and b["cuda"]["facts"]["torch.version.cuda"] == "12.8"
     assert b["cuda"]["facts"]["device_count"] == "2"

@@ -44,7 +44,7 @@ from ..traces.actions import (
     SEGMENT_ACTIONS,
     reserved_delta,
 )
-from .sites import held_by_site, site_ids, stack_sites, top_user_frame
+from .sites import held_by_site, site_ids, stack_sites
 from .walk import NEVER, Layout, Pairs, SegmentWalk, curve, final_segments, prepare
 
 __all__ = [
@@ -53,7 +53,6 @@ __all__ = [
     "WASTE_COMPONENTS",
     "inspect_trace",
     "layout_at",
-    "top_user_frame",
 ]
 
 SCHEMA = "accel-alloc/inspect/1"

@@ -13,7 +13,7 @@ different configurations line up even though they have different segment events.
   block-bytes peak of a replay.
 - ``reserved``: bytes held from the device (``segment_alloc``/``segment_map`` minus
   ``segment_free``/``segment_unmap``), started from the reserved bytes at the trace's start
-  (:func:`~accel_graph.allocator.sim.replayer.recorded_summary`'s ``start_reserved`` for a recording,
+  (:func:`~accel_graph.allocator.sim.trace_ops.recorded_summary`'s ``start_reserved`` for a recording,
   the replay's ``start_stats`` for a simulation).
 
 The first point (x = 0) is the start state, so ``timeline.peak_reserved`` equals
@@ -165,7 +165,7 @@ def recorded_timeline(trace: Any, device: int = 0, *, label: str = "recorded") -
     plus the start state.
 
     Start state: reserved = the final segments' total minus the net segment change over the
-    trace (as :func:`~accel_graph.allocator.sim.replayer.recorded_summary`); allocated = the
+    trace (as :func:`~accel_graph.allocator.sim.trace_ops.recorded_summary`); allocated = the
     requested bytes of the final segments' active blocks minus the net allocation change, raised
     where needed so that the curve never goes below zero (a trace whose final segments are
     missing)."""
@@ -185,7 +185,7 @@ def simulated_timeline(sim: Any, trace: Any = None, *, label: str | None = None)
     start-state prologue plus the start state.
 
     ``sim``: a :class:`~accel_graph.allocator.sim.scenario.SimResult` from ``simulate(...,
-    keep_events=True)`` or the :class:`~accel_graph.allocator.sim.replayer.ReplayResult` itself.
+    keep_events=True)`` or the :class:`~accel_graph.allocator.sim.results.ReplayResult` itself.
     ``trace``: the trace that was replayed; when given and it has timestamps, ``time_us`` is
     the recorded time of the same position in the alloc/free sequence. ``label``: default the
     scenario's label (``"(as recorded)"``, the config string, ...).

@@ -219,8 +219,8 @@ typedef struct {
  * block) or else acquire (new memory, releasing cached memory as the policy does), then splits
  * the block (should_split) and hands it out. On failure p->err says why, or nothing: an OOM,
  * reported with p->alloc_size as the size tried. To add a policy: write one of these tables,
- * give it an AG_POLICY_* number in _core.h, a slot in ag_policy_of and a name in
- * accel_graph/allocator/core/engine.py POLICIES. */
+ * give it an AG_POLICY_* number in _core.h, a slot in ag_policy_of, a name in POLICIES and the
+ * config keys it honours in POLICY_KEYS (accel_graph/allocator/core/settings.py). */
 typedef struct ag_policy_ops {
     const char *name;
     int max_split;            /* torch's max_split_size rules apply (oversize stats, GC) */

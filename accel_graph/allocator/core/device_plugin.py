@@ -189,7 +189,7 @@ class DeviceAllocator:
     Args:
         settings: ``None`` (the allocator variables in effect, as torch reads them), a config
             string, :class:`~accel_graph.allocator.alloc_conf.AllocatorSettings` or
-            :class:`~accel_graph.allocator.core.engine.EngineSettings`.
+            :class:`~accel_graph.allocator.core.settings.EngineSettings`.
         policy: the engine policy (``"native"``: PyTorch's caching allocator, modelled).
         devices: device indices to serve (default: every visible device; counting them does
             not initialise CUDA).

@@ -34,36 +34,12 @@ import numpy as np
 
 from ...errors import AccelGraphError, ConfigError
 from .loader import load_core, load_dlpack
-from .settings import (
-    POLICIES,
-    POLICY_KEYS,
-    U64_MAX,
-    EngineSettings,
-    allocation_size,
-    fill_settings,
-    round_size,
-    rp2_next_division,
-)
+from .settings import U64_MAX, EngineSettings, fill_settings
 from .stats import BLOCK_STATES, memory_stats_dict, snapshot_segments
 from .status import check_status
 from .tensor_blocks import TensorBlocks
 
-# Settings, rounding helpers and check_status live in their own modules (settings, status);
-# they are re-exported here because this module was their home and callers import them from it.
-__all__ = [
-    "EVENT_DTYPE",
-    "OP",
-    "OP_DTYPE",
-    "POLICIES",
-    "POLICY_KEYS",
-    "Engine",
-    "EngineSettings",
-    "TensorBlocks",
-    "allocation_size",
-    "check_status",
-    "round_size",
-    "rp2_next_division",
-]
+__all__ = ["EVENT_DTYPE", "OP", "OP_DTYPE", "Engine"]
 
 #: Opcodes of :meth:`Engine.replay` (``AG_OP_*`` in _core.h).
 OP = {
@@ -340,6 +316,8 @@ class Engine:
 
     def memory_stats(self) -> dict[str, int]:
         """torch.cuda.memory_stats()-shaped flat dict (plus ``accel.*`` extras)."""
+        # Keyed on the name, not on POLICY_KEYS: bfc resets max_split_size at create
+        # (bfc_adjust_settings, _core_bfc.c), while xpu ignores the key yet keeps and reports it.
         max_split = None if self.policy == "bfc" else self.settings.max_split_size
         return memory_stats_dict(self._raw_stats(), max_split)
 

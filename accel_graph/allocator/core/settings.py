@@ -20,6 +20,7 @@ __all__ = [
     "MIB",
     "POLICIES",
     "POLICY_KEYS",
+    "POLICY_MODELS",
     "U64_MAX",
     "UPSTREAMS",
     "EngineSettings",
@@ -47,6 +48,12 @@ POLICY_KEYS: dict[str, frozenset[str]] = {
                       "large_segment_size_mb"}),
     "bfc": frozenset({"per_process_memory_fraction"}),
 }  # fmt: skip
+#: What each policy models, in a few words (the CLI's ``--policy`` help, the OOM message).
+POLICY_MODELS: dict[str, str] = {
+    "native": "PyTorch's caching allocator",
+    "xpu": "PyTorch's XPU caching allocator",
+    "bfc": "TensorFlow's BFC allocator",
+}
 UPSTREAMS = ("host", "counting", "device")
 
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from ... import errors as _errors
 from ...errors import AccelGraphError, BackendUnavailable, ConfigError, PoolError
 from .loader import load_core
+from .settings import POLICY_KEYS, POLICY_MODELS
 from .stats import oom_message
 
 if TYPE_CHECKING:
@@ -35,10 +36,11 @@ def check_status(rc: int, engine: Engine | None = None, message: str | None = No
             info = core.ffi.new("ag_oom_info *")
             lib.ag_last_oom(engine.c_handle, info)
             message = oom_message(info, engine.device_name, engine.device_index, engine.conf_var)
-            if engine.policy == "bfc":
-                # torch's expandable-segments hint does not apply to the BFC model
+            policy = engine.policy
+            if "expandable_segments" not in POLICY_KEYS[policy]:
+                # torch's hint is to turn on expandable segments: useless to this policy
                 message = message.split(" If reserved but unallocated", 1)[0] + (
-                    " (policy bfc: a model of TensorFlow's BFC allocator; torch's allocator "
+                    f" (policy {policy}: a model of {POLICY_MODELS[policy]}; torch's allocator "
                     "settings do not apply)"
                 )
         raise _errors.OutOfMemoryError(message)

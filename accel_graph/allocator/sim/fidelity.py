@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from ..traces import load_trace
-from .replayer import empty_cache_positions, recorded_summary, replay_trace
+from .replayer import replay_trace
+from .trace_ops import empty_cache_positions, recorded_summary
 
-__all__ = ["TWINS", "METRICS", "find_npu_traces", "fidelity_table", "format_table"]
+__all__ = ["METRICS", "TWINS", "fidelity_markdown", "fidelity_table", "find_npu_traces"]
 
 #: twin file -> (expandable_segments, empty_cache calls)
 TWINS: dict[str, tuple[bool, bool]] = {
@@ -68,8 +69,10 @@ def fidelity_table(directory: str | os.PathLike[str] | None = None) -> list[dict
     return rows
 
 
-def format_table(rows: list[dict[str, Any]]) -> str:
-    """A markdown table: predicted/recorded (error) per metric; byte metrics in MiB."""
+def fidelity_markdown(rows: list[dict[str, Any]]) -> str:
+    """The rows of :func:`fidelity_table` as a markdown table (for docs, unlike the CLI's
+    plain-text :func:`accel_graph.cli.output.format_table`): predicted/recorded (error) per
+    metric; byte metrics in MiB."""
     head = ["source", "replayed as"] + list(METRICS)
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:

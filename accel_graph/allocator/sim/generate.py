@@ -39,7 +39,8 @@ from typing import Any
 import numpy as np
 
 from ..alloc_conf import AllocatorSettings, parse_config
-from ..core.engine import Engine, EngineSettings
+from ..core.engine import Engine
+from ..core.settings import EngineSettings
 from ..traces.actions import ACTION_CODE
 from ..traces.model import Trace
 

@@ -4,7 +4,7 @@ A :class:`Profile` names one behaviour set: which torch versions and which devic
 engine policy that simulates it (``"native"`` or ``"xpu"``), how requests are rounded (a rounding
 rule id: :func:`round_request` in Python, ``EngineSettings.round_extra`` / the ``xpu`` policy in
 the engine; a test keeps the two equal), which ``PYTORCH_*_ALLOC_CONF`` keys that build honours,
-and behaviour flags. ``replay.apply_profile`` turns a profile into engine settings; where the C
+and behaviour flags. ``replayer.apply_profile`` turns a profile into engine settings; where the C
 engine has no flag for a field, the profile's ``notes`` say so.
 
 Sources: shared/reference/allocator-semantics.md sections 3.1 (NPU rounding), 4.2-4.4 (version

@@ -34,37 +34,14 @@ from typing import Any
 import numpy as np
 
 from ..alloc_conf import settings_from_snapshot
-from ..core.engine import OP, OP_DTYPE, Engine, EngineSettings
+from ..core.engine import OP, OP_DTYPE, Engine
+from ..core.settings import EngineSettings
 from ..traces.actions import A_MAP, A_SEG_ALLOC, A_SEG_FREE, A_UNMAP, SEGMENT_ACTIONS
 from .profiles import NPU_ROUND_EXTRA, Profile, resolve_profile
-from .results import Figures, ReplayResult, fragmentation_at_peak, usage_curves
-from .trace_ops import (
-    build_ops,
-    build_ops_reusing,
-    empty_cache_positions,
-    infer_empty_cache,
-    infer_pools,
-    infer_start_state,
-    pool_number,
-    recorded_summary,
-)
+from .results import ReplayResult, fragmentation_at_peak, usage_curves
+from .trace_ops import build_ops, build_ops_reusing
 
-# The conversion (trace_ops) and the result types (results) have their own modules; their
-# public names are re-exported because this module is where replay callers look first.
-__all__ = [
-    "Figures",
-    "ReplayResult",
-    "apply_profile",
-    "build_ops",
-    "build_ops_reusing",
-    "empty_cache_positions",
-    "infer_empty_cache",
-    "infer_pools",
-    "infer_start_state",
-    "pool_number",
-    "recorded_summary",
-    "replay_trace",
-]
+__all__ = ["apply_profile", "replay_trace"]
 
 MIB = 1 << 20
 

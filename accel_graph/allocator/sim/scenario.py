@@ -29,11 +29,8 @@ from .results import Figures
 
 __all__ = [
     "CONFIG_DEVICE",
-    "CapacityError",
-    "Figures",
     "Scenario",
     "SimResult",
-    "UnsupportedTraceError",
     "largest_request",
     "make_scenario",
     "recorded_settings",
@@ -245,7 +242,7 @@ def simulate(trace: Any, scenario: Scenario, *, device: int = 0, keep_events: bo
     ``ops_cache``: a dict the caller keeps while simulating one unchanging trace under many
     scenarios (as :func:`~accel_graph.allocator.tune.search.tune` does): the trace-to-ops
     conversion is then made once per distinct input
-    (:func:`~accel_graph.allocator.sim.replayer.build_ops_reusing`); results are identical.
+    (:func:`~accel_graph.allocator.sim.trace_ops.build_ops_reusing`); results are identical.
     """
     from .replayer import replay_trace
 

@@ -41,7 +41,7 @@ Stack = tuple[Frame, ...]
 
 
 class SnapshotParts(NamedTuple):
-    """The checked contents of a snapshot object (see :class:`~.snapshot.Trace` fields)."""
+    """The checked contents of a snapshot object (see :class:`~.model.Trace` fields)."""
 
     device_traces: list[np.ndarray]
     segments: list[dict[str, Any]]

@@ -1,2 +1,3 @@
-"""The allocator-setting search behind ``accel-alloc tune``: the search space and ranking
-(``search``) and the advice printed with a recommendation (``advice``)."""
+"""The allocator-setting search behind ``accel-alloc tune``: the search (``search``), its space
+(``space``), the ranking (``ranking``) and the advice printed with a recommendation
+(``advice``)."""

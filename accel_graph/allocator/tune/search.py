@@ -5,8 +5,9 @@ the knobs a profile honours and the values tried (and which knobs are skipped, a
 :func:`search_space` is its full grid as canonical config strings; :func:`tune` evaluates a
 structured subset of it with :func:`~accel_graph.allocator.sim.scenario.simulate` (one C call per
 configuration) and ranks the results (:mod:`.ranking`). :func:`build_space`/:func:`search_space`
-live in :mod:`.space`, the ranking in :mod:`.ranking`; both are re-exported here, the front of
-``accel-alloc tune``.
+live in :mod:`.space` (with :data:`~.space.KNOB_VALUES` and :class:`~.space.SearchSpace`), the
+ranking (:func:`~.ranking.rank`, :func:`~.ranking.pareto_front`, :class:`~.ranking.Candidate`) in
+:mod:`.ranking`; this module is the search itself, the front of ``accel-alloc tune``.
 
 Search design (a full grid is about a thousand configurations; the default budget is 256):
 
@@ -21,7 +22,7 @@ Search design (a full grid is about a thousand configurations; the default budge
 Every candidate is parsed with :func:`~accel_graph.allocator.alloc_conf.parse_config` for the
 profile's device and deduplicated by its canonical string
 (:meth:`~accel_graph.allocator.alloc_conf.AllocatorSettings.to_string`), so nothing torch would reject
-is evaluated or recommended. Candidates under the other engine policies (``engine.POLICIES``) are
+is evaluated or recommended. Candidates under the other engine policies (``core.settings.POLICIES``) are
 evaluated too, for comparison: a policy is not selectable with an environment variable, so they
 are never ranked or recommended.
 
@@ -43,34 +44,15 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import ConfigError
+from ...errors import CapacityError, ConfigError, UnsupportedTraceError
 from ..alloc_conf import AllocatorSettings, parse_config
 from ..core.settings import POLICIES, POLICY_KEYS
 from ..sim import profiles as _profiles
-from ..sim.scenario import (
-    CapacityError,
-    UnsupportedTraceError,
-    make_scenario,
-    recorded_settings,
-    simulate,
-)
-from .ranking import MALLOCS_PEAK_SLACK, OBJECTIVES, Candidate, pareto_front, rank
+from ..sim.scenario import make_scenario, recorded_settings, simulate
+from .ranking import OBJECTIVES, Candidate, pareto_front, rank
 from .space import KNOB_VALUES, SearchSpace, build_space, search_space
 
-__all__ = [
-    "DEFAULT_BUDGET",
-    "KNOB_VALUES",
-    "MALLOCS_PEAK_SLACK",
-    "OBJECTIVES",
-    "Candidate",
-    "SearchSpace",
-    "TuneResult",
-    "build_space",
-    "pareto_front",
-    "rank",
-    "search_space",
-    "tune",
-]
+__all__ = ["DEFAULT_BUDGET", "TuneResult", "tune"]
 
 MIB = 1 << 20
 #: configurations evaluated by default (the policy comparison rows come on top).
@@ -238,8 +220,8 @@ def tune(trace: Any, *, objective: str = "peak", cap: int | None = None,
     a profile name or device (default: the trace's device, newest torch); ``budget``: how many
     configurations of the profile's policy to evaluate (at least 2); ``progress(done, total)``:
     called after each evaluation; ``jobs``: worker processes (fork); ``seed``: the fill stage's
-    random order. Raises :class:`~accel_graph.allocator.sim.scenario.UnsupportedTraceError` (unknown
-    profile, no events), :class:`~accel_graph.allocator.sim.scenario.CapacityError` (``cap`` below the
+    random order. Raises :class:`~accel_graph.errors.UnsupportedTraceError` (unknown
+    profile, no events), :class:`~accel_graph.errors.CapacityError` (``cap`` below the
     largest allocation, or no ``cap`` for a trace recorded with a memory fraction) and
     ``ValueError`` for a bad objective or budget.
     """

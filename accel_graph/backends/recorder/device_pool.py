@@ -21,7 +21,8 @@ from typing import Any
 
 import torch
 
-from ...allocator.core.engine import Engine, EngineSettings
+from ...allocator.core.engine import Engine
+from ...allocator.core.settings import EngineSettings
 from ...errors import OutOfMemoryError
 from .pool_protocol import GraphPool, PoolRef, storage_bytes
 

@@ -3,7 +3,7 @@
 Blocks come from :class:`accel_graph.allocator.core.engine.Engine` (``native`` policy, host
 upstream), so a graph's memory figures are the allocator's own statistics. Each block is a
 zero-copy tensor over the engine's memory that owns the block: it is made in one native call
-(:class:`~accel_graph.allocator.core.engine.TensorBlocks`, a DLPack tensor whose deleter frees the
+(:class:`~accel_graph.allocator.core.tensor_blocks.TensorBlocks`, a DLPack tensor whose deleter frees the
 block in C, from whatever thread drops the last reference), so the block goes back to the
 engine exactly when the last tensor over it dies (and can be reused by the rest of the capture,
 or by later captures into the same pool). The pool learns of those deaths from a queue of keys
@@ -29,7 +29,8 @@ import weakref
 import numpy as np
 import torch
 
-from ...allocator.core.engine import Engine, EngineSettings
+from ...allocator.core.engine import Engine
+from ...allocator.core.settings import EngineSettings
 from ...errors import OutOfMemoryError
 from .pool_protocol import ADDRESS, GraphPool, PoolRef, storage_bytes
 

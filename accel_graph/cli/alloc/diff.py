@@ -93,8 +93,8 @@ def change(a: Any, b: Any, kind: str = "count") -> dict[str, Any]:
 
 def _side(trace: Any, path: str, device: int, config: str | None, profile: str | None,
           policy: str | None, cap: int | None) -> tuple[dict[str, Any], dict[str, Any]]:
-    from ...allocator.sim.replayer import recorded_summary
     from ...allocator.sim.scenario import make_scenario, simulate
+    from ...allocator.sim.trace_ops import recorded_summary
 
     sc = guarded(lambda: make_scenario(trace, config, policy=policy, profile=profile, cap=cap,
                                        device=device))

@@ -147,9 +147,12 @@ def add_scenario_options(parser: argparse.ArgumentParser, *, config_required: bo
                             help="allocator config in PYTORCH_ALLOC_CONF grammar, e.g. "
                             "'expandable_segments:True,max_split_size_mb:256'; 'recorded' (the "
                             "default) = the settings the trace was recorded with")
+    # pure Python (no torch, no compiled core): the help lists every engine policy
+    from ...allocator.core.settings import POLICIES, POLICY_MODELS
+
+    policies = ", ".join(f"{name} ({POLICY_MODELS[name]})" for name in POLICIES)
     parser.add_argument("--policy", default=None, metavar="NAME",
-                        help="allocator policy to simulate: native (PyTorch's caching allocator), "
-                        "xpu or bfc (TensorFlow's BFC allocator) (default: the profile's)")
+                        help=f"allocator policy to simulate: {policies} (default: the profile's)")
     add_profile_option(parser)
     add_cap_option(parser)
 

@@ -107,7 +107,7 @@ def build_series(trace: Any, args: argparse.Namespace, device: int) -> list[dict
             "notes": list(sc.notes) + list(sim.notes),
         })
     if args.recorded:
-        from ...allocator.sim.replayer import recorded_summary
+        from ...allocator.sim.trace_ops import recorded_summary
 
         tl = recorded_timeline(trace, device)
         rec = recorded_summary(trace, device)

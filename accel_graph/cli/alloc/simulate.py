@@ -51,8 +51,8 @@ def profiles_listing() -> tuple[list[dict[str, Any]], str]:
 
 
 def simulate_payload(trace: Any, args: argparse.Namespace, device: int) -> dict[str, Any]:
-    from ...allocator.sim.replayer import recorded_summary
     from ...allocator.sim.scenario import simulate
+    from ...allocator.sim.trace_ops import recorded_summary
 
     scenario = scenario_from_args(args, trace, device=device)
     result = guarded(lambda: simulate(trace, scenario, device=device))

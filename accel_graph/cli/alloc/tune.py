@@ -31,7 +31,8 @@ from .options import (
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ...allocator.tune.search import DEFAULT_BUDGET, OBJECTIVES
+    from ...allocator.tune.ranking import OBJECTIVES
+    from ...allocator.tune.search import DEFAULT_BUDGET
 
     add_trace_options(parser)
     parser.add_argument("--objective", choices=OBJECTIVES, default="peak",
@@ -134,7 +135,7 @@ def result_payload(result: Any, *, trace: str, device_type: str | None, top: int
     from ...allocator.alloc_conf import parse_config
     from ...allocator.sim.scenario import CONFIG_DEVICE
     from ...allocator.tune.advice import advise, env_assignment
-    from ...allocator.tune.search import Candidate
+    from ...allocator.tune.ranking import Candidate
 
     base = result.baseline
     prof = result.profile

@@ -62,8 +62,8 @@ def _segment_sizes(trace: Any, device: int, replayed: np.ndarray) -> dict[str, A
 
 def validate_payload(trace: Any, device: int, profile: str | None,
                      cap: int | None = None) -> dict[str, Any]:
-    from ...allocator.sim.replayer import recorded_summary
     from ...allocator.sim.scenario import make_scenario, simulate
+    from ...allocator.sim.trace_ops import recorded_summary
 
     scenario = guarded(lambda: make_scenario(trace, None, profile=profile, cap=cap,
                                              device=device))
