@@ -7,10 +7,15 @@ backend's :class:`~accel_graph.backends.base.GraphImpl` only does the mechanism.
 States: ``empty`` -> ``capturing`` -> ``captured`` -> ``instantiated``; ``reset()`` returns to
 ``empty`` from any state. With ``keep_graph=False`` (the default) ``capture_end`` instantiates
 at once, as in torch.
+
+A capture belongs to the thread that began it: ``capture_end()`` and ``reset()`` from another
+thread are refused with ``GraphStateError`` (the recorder's dispatch mode and CUDA's
+non-relaxed capture modes are per thread). A ``Graph`` collected mid-capture ends its capture.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -76,6 +81,17 @@ class Graph:
         self._state = EMPTY
         self._pool: PoolHandle | None = None
         self._debug = False
+        #: The thread that began the capture underway (None unless capturing).
+        self._capture_thread: threading.Thread | None = None
+
+    def __del__(self) -> None:
+        # Collected mid-capture (the user dropped it, or its cycle was collected, possibly on
+        # another thread): end the capture, so its thread does not go on recording.
+        if getattr(self, "_state", None) == CAPTURING:
+            try:
+                self._impl.abort_capture()
+            except Exception:  # never raise from a finaliser; abort_capture should not either
+                pass
 
     # -- introspection ------------------------------------------------------------------
     @property
@@ -118,7 +134,22 @@ class Graph:
         # handle=None asks for a private pool, which the impl creates (as torch's graphs do).
         self._impl.capture_begin(handle, mode)
         self._pool = self._impl.pool()
+        self._capture_thread = threading.current_thread()
         self._state = CAPTURING
+
+    def _check_capturing_thread(self, what: str) -> None:
+        """Refuse ending a capture from a thread other than the one that began it: the capture
+        records that thread (a thread-local dispatch mode on the recorder; CUDA refuses it too
+        outside ``relaxed`` mode), which only it can stop cleanly."""
+        owner = self._capture_thread
+        here = threading.current_thread()
+        if owner is not None and owner is not here:
+            raise GraphStateError(
+                f"Graph.{what} was called from thread {here.name!r} (ident {here.ident}), but "
+                f"the capture on {self._device} is underway on thread {owner.name!r} (ident "
+                f"{owner.ident}): a capture records the thread that began it, so only that "
+                f"thread can end or reset it. Call {what} from thread {owner.name!r}"
+            )
 
     def _check_can_begin(self) -> None:
         if self._state == CAPTURING:
@@ -148,11 +179,13 @@ class Graph:
         """End the capture begun by ``capture_begin``; instantiate unless ``keep_graph``."""
         if self._state != CAPTURING:
             raise self._refuse("capture_end()", "call capture_begin() first")
+        self._check_capturing_thread("capture_end()")
         try:
             self._impl.capture_end()
         except BaseException:
             self._abort()
             raise
+        self._capture_thread = None
         self._state = CAPTURED if self.keep_graph else INSTANTIATED
 
     def _abort(self) -> None:
@@ -160,6 +193,7 @@ class Graph:
         self._impl.abort_capture()
         self._state = EMPTY
         self._pool = None
+        self._capture_thread = None
 
     # -- replay -------------------------------------------------------------------------
     def instantiate(self) -> None:
@@ -187,6 +221,7 @@ class Graph:
         """Drop the captured graph so this object can capture again. Memory that tensors you
         still hold point into stays valid."""
         if self._state == CAPTURING:
+            self._check_capturing_thread("reset()")
             self._abort()
             return
         self._impl.reset()

@@ -26,7 +26,7 @@ from ..base import (
     PoolStats,
     next_user_pool_id,
 )
-from .capture import Capture, InputRecord, Step, active_capture, set_active_capture
+from .capture import Capture, InputRecord, Step, active_capture
 from .compiled import compile_program
 from .dump import describe, write_dump
 from .pool import make_pool
@@ -103,37 +103,42 @@ class RecorderGraphImpl(GraphImpl):
             )
         if pool is None:
             pool = self._backend.private_pool_handle(self.device)
-        self._pool = self._backend.pool_for(pool)
-        self._handle = pool
-        self._capture = Capture(
-            self._pool, self.device.torch_device, poison=self._debug or config.poison_outputs()
-        )
-        self._pool.begin_capture(self._capture.events)
-        set_active_capture(self._capture)
-        self._capture.mode.__enter__()
+        gpool = self._backend.pool_for(pool)
+        cap = Capture(gpool, self.device.torch_device, poison=self._debug or config.poison_outputs())
+        cap.begin()  # PoolError when another thread is capturing into this pool: nothing changed
+        self._pool, self._handle, self._capture = gpool, pool, cap
 
-    def _leave(self) -> Capture | None:
-        """Stop recording on this thread (the pool is told separately)."""
+    def _leave(self, why: str) -> Capture | None:
+        """Stop recording (the pool is told separately). On the capturing thread the mode
+        leaves the dispatch stack; elsewhere (a collected Graph) it turns into a pass-through
+        there until that thread next calls the recorder."""
         cap = self._capture
-        if cap is not None and active_capture() is cap:
-            set_active_capture(None)
-            try:
-                cap.mode.__exit__(None, None, None)
-            except Exception:  # the mode stack was disturbed by user code; nothing to undo
-                log.debug("dispatch mode stack was not as expected at capture end", exc_info=True)
         if cap is not None:
-            cap.mode.capture = None  # break the capture <-> mode cycle: freed by refcount
+            cap.stop(why)
+            if cap.thread is threading.current_thread():
+                # Break the capture <-> mode cycle (freed by refcount). Not from another
+                # thread: that thread's mode must still see that its capture is over.
+                cap.mode.capture = None
         return cap
 
     def capture_end(self) -> None:
-        cap = self._leave()
+        cap = self._leave("ended")
         assert cap is not None and self._pool is not None
+        if cap.invalidated_by is not None:
+            cap.release_pool()  # already released at the op; idempotent
+            self._capture = None
+            self._pool = self._handle = None
+            raise CaptureError(
+                f"the capture on {self.device} was invalidated by an illegal op and recorded "
+                f"nothing: {cap.invalidated_by.rstrip('.')}. The graph is empty; fix the op and "
+                f"capture again"
+            )
         pool = self._pool
         self.num_ops = replayed(cap.steps)
         # Register the graph before the capture ends, so memory freed during the capture but
         # still written by the program is not released in between.
         pool.add_graph()
-        pool.end_capture(cap.events)
+        cap.release_pool()
         self._inputs = list(cap.inputs.values())
         self._outputs = cap.live_outputs()
         self._memory = pool.reserved_bytes() - cap.reserved_before
@@ -152,9 +157,9 @@ class RecorderGraphImpl(GraphImpl):
             self.instantiate()
 
     def abort_capture(self) -> None:
-        cap = self._leave()
-        if cap is not None and self._pool is not None:
-            self._pool.end_capture(cap.events)
+        cap = self._leave("aborted")
+        if cap is not None:
+            cap.release_pool()
         self._capture = None
         self._steps, self._inputs = [], []
         self._pool = None

@@ -9,6 +9,13 @@ forbids raise :class:`~accel_graph.errors.CaptureError` at the op (when planning
 
 The mode is thread-local (``TorchDispatchMode``), so a capture records only its own thread;
 :func:`active_capture` is the capture underway on the calling thread.
+
+A capture that is over never records again: an illegal op invalidates it at the op (as on
+CUDA), and a capture ended from elsewhere (its ``Graph`` collected by another thread) is
+marked over. torch pushes a mode back onto the stack after its handler returns or raises, so
+the handler cannot pop itself: a mode whose capture is over passes every op through eagerly
+(real values, exactly as with no mode) until the next recorder call on its thread
+(:func:`active_capture`, capture begin, end or reset) takes it off the stack.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import torch
 from torch._ops import OpOverload
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ...errors import CaptureError
 from . import ops as opinfo
 from .plan import FUNCTIONAL, MUTATE, VIEW, Plan, plan_for
 from .pool_protocol import GraphPool, PoolEvent, PoolRef
@@ -33,8 +41,51 @@ _Tensor = torch.Tensor
 
 
 def active_capture() -> Capture | None:
-    """The capture underway on this thread, if any."""
-    return getattr(_tls, "capture", None)
+    """The capture underway on this thread, if any. Recording modes left on this thread's
+    dispatch stack by captures that are over are taken off it first."""
+    cap = getattr(_tls, "capture", None)
+    if cap is not None and cap.over is not None:
+        _tls.capture = cap = None
+    if torch._C._len_torch_dispatch_stack():
+        discard_finished_modes()
+    return cap
+
+
+def discard_finished_modes() -> None:
+    """Take every recording mode whose capture is over off this thread's dispatch stack
+    (modes above it keep their order). Such modes only pass ops through; this makes them go."""
+    stack = _get_mode_stack()
+    stale = [m for m in stack if isinstance(m, _RecordingMode) and m.finished]
+    for mode in stale:
+        _remove_mode(mode)
+
+
+def _get_mode_stack() -> list[Any]:
+    n = torch._C._len_torch_dispatch_stack()
+    return [torch._C._get_dispatch_stack_at(i) for i in range(n)]
+
+
+def _remove_mode(mode: TorchDispatchMode) -> None:
+    """Take ``mode`` off this thread's dispatch stack wherever it is. On top (the usual case)
+    it is exited properly; below modes the user left open, those are lifted off and put back."""
+    stack = _get_mode_stack()
+    if mode not in stack:
+        return
+    if stack[-1] is mode:
+        try:
+            mode.__exit__(None, None, None)
+            return
+        except Exception:  # flags of the mode disturbed by user code: pop it plainly below
+            if torch._C._len_torch_dispatch_stack() < len(stack):
+                return  # __exit__ popped it before failing
+    above = []
+    while torch._C._len_torch_dispatch_stack():
+        top = torch._C._pop_torch_dispatch_stack(None)
+        if top is mode:
+            break
+        above.append(top)
+    for m in reversed(above):
+        torch._C._push_on_torch_dispatch_stack(m)
 
 
 def set_active_capture(capture: Capture | None) -> None:
@@ -77,10 +128,22 @@ class InputRecord:
 
 
 class Capture:
-    """The state of one capture: recorded steps, inputs and pool tensors."""
+    """The state of one capture: recorded steps, inputs and pool tensors.
+
+    Lifecycle: :meth:`begin` (listen on the pool, record this thread), then :meth:`stop` on
+    the capturing thread (normal end or abort) or :meth:`invalidate` at an illegal op.
+    ``over`` is None while the capture records, else why it stopped; once over it records
+    nothing more and no longer listens on the pool.
+    """
 
     def __init__(self, pool: GraphPool, device: torch.device, *, poison: bool = False) -> None:
         self.pool = pool
+        #: None while recording; else why the capture is over.
+        self.over: str | None = None
+        #: The op that invalidated the capture (its CaptureError's message), if one did.
+        self.invalidated_by: str | None = None
+        self.thread: threading.Thread | None = None
+        self._listening = False
         self.device = device
         self.poison = poison
         self.steps: list[Step] = []
@@ -101,6 +164,47 @@ class Capture:
         self._locs: dict[int, tuple[Any, ...]] = {}
         self.reserved_before = pool.reserved_bytes()
         self.mode = _RecordingMode(self)
+
+    # -- lifecycle ----------------------------------------------------------------------
+    def begin(self) -> None:
+        """Start recording the calling thread's ops into the pool. Raises what the pool's
+        ``begin_capture`` raises (nothing changed then)."""
+        self.pool.begin_capture(self.events)
+        self._listening = True
+        self.thread = threading.current_thread()
+        set_active_capture(self)
+        self.mode.__enter__()
+
+    def release_pool(self) -> None:
+        """Stop listening on the pool (idempotent): its capture count drops once."""
+        if self._listening:
+            self._listening = False
+            self.pool.end_capture(self.events)
+
+    def stop(self, why: str = "ended") -> None:
+        """The capture is over (idempotent). On the capturing thread the mode leaves the
+        dispatch stack now; on another thread (a ``Graph`` collected there) it passes ops
+        through until that thread next calls the recorder. The pool is released separately
+        (:meth:`release_pool`): a normal end registers its graph with the pool first."""
+        if self.over is None:
+            self.over = why
+        if self.thread is threading.current_thread():
+            if getattr(_tls, "capture", None) is self:
+                _tls.capture = None
+            _remove_mode(self.mode)
+
+    def invalidate(self, func: OpOverload, exc: BaseException) -> None:
+        """An illegal op raised ``exc`` at ``func``: the capture is over, as on CUDA. Called
+        inside the mode's handler, on the capturing thread: the thread stops recording now
+        and the pool is released; the mode leaves the stack at the next recorder call."""
+        if self.over is not None:
+            return
+        msg = str(exc).strip()
+        self.invalidated_by = msg if str(func) in msg else f"{func}: {msg}"
+        self.over = f"invalidated by {self.invalidated_by}"
+        if getattr(_tls, "capture", None) is self:
+            _tls.capture = None
+        self.release_pool()
 
     # -- pool locations -----------------------------------------------------------------
     def _loc(self, t: torch.Tensor) -> PoolRef | None:
@@ -304,10 +408,25 @@ class _RecordingMode(TorchDispatchMode):
 
     def __init__(self, capture: Capture) -> None:
         super().__init__()
-        self.capture = capture
+        self.capture: Capture | None = capture
+
+    @property
+    def finished(self) -> bool:
+        """Whether this mode's capture is over (the mode then only passes ops through)."""
+        cap = self.capture
+        return cap is None or cap.over is not None
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: D401
-        return self.capture.handle(func, args, kwargs or {})
+        cap = self.capture
+        if cap is None or cap.over is not None:
+            # The capture is over but torch keeps the mode on the stack until the recorder
+            # next runs on this thread: run the op eagerly, exactly as with no mode.
+            return func(*args, **(kwargs or {}))
+        try:
+            return cap.handle(func, args, kwargs or {})
+        except CaptureError as exc:
+            cap.invalidate(func, exc)
+            raise
 
 
 # TorchDispatchMode.__init_subclass__ wraps __torch_dispatch__ in torch._disable_dynamo, whose

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from ...allocator.core.engine import OP, OP_DTYPE, Engine
-from ...errors import OutOfMemoryError
+from ...errors import OutOfMemoryError, PoolError
 from ..base import PoolStats
 
 #: One entry of a capture's allocation log: ``("alloc", key, bytes)`` or ``("free", key, 0)``.
@@ -105,8 +105,9 @@ class GraphPool(ABC):
     - Between :meth:`begin_capture` and :meth:`end_capture`, and while any graph added with
       :meth:`add_graph` is not yet removed, no memory a program may write is released. When the
       pool is idle (no capture, no graph) it gives unused memory back.
-    - Every method is thread-safe; ``capturing`` and ``graphs`` count captures underway and
-      graphs holding the pool.
+    - Every method is thread-safe; ``capturing`` and ``graphs`` count captures underway (0 or
+      1: :meth:`begin_capture` refuses a second concurrent one with ``PoolError``) and graphs
+      holding the pool; neither ever goes negative.
 
     Subclasses supply the memory (:meth:`allocate`, :meth:`materialize`) and say what idleness
     means for them (:meth:`_idle_changed`); the books of captures and graphs, the tensor
@@ -122,6 +123,7 @@ class GraphPool(ABC):
         # are present, so an id recycled by torch is never mistaken for pool memory.
         self._storages: dict[int, tuple[int, int]] = {}
         self._listeners: list[list[PoolEvent]] = []  # logs of the captures underway
+        self._owners: dict[int, str] = {}  # id(log) -> the capturing thread, for messages
         self._next_key = 0
         self.graphs = 0
         self.capturing = 0
@@ -174,19 +176,43 @@ class GraphPool(ABC):
 
     # -- captures and graphs ---------------------------------------------------------------
     def begin_capture(self, log: list[PoolEvent]) -> None:
-        """A capture starts: it listens on ``log`` until :meth:`end_capture`."""
+        """A capture starts: it listens on ``log`` until :meth:`end_capture`.
+
+        Captures into one pool run one at a time: a capture's log must hold its own
+        allocations in order and its blocks' keys are read back as ``log[-1]``, which a
+        second thread allocating in between would break, and graphs sharing a pool reuse each
+        other's memory in capture order, which concurrent captures do not have. Raises
+        :class:`~accel_graph.errors.PoolError` while another capture is underway (nothing
+        changes then)."""
         with self._lock:
+            if self._listeners:
+                owner = self._owners.get(id(self._listeners[0]), "another thread")
+                raise PoolError(
+                    f"a capture into this graph pool on {self.device} is already underway on "
+                    f"{owner}; captures into one pool must run one at a time. End that capture "
+                    f"first, or give this graph its own pool (pool=None or a new "
+                    f"accel_graph.graph_pool_handle())"
+                )
             self._settle()
             self.capturing += 1
             self._listeners.append(log)
+            t = threading.current_thread()
+            self._owners[id(log)] = f"thread {t.name!r} (ident {t.ident})"
             self._idle_changed(False)
 
     def end_capture(self, log: list[PoolEvent]) -> None:
-        """The capture listening on ``log`` is over (ended or aborted)."""
+        """The capture listening on ``log`` (this very list) is over (ended or aborted). A log
+        that is not listening (ended already, or never begun) changes nothing."""
         with self._lock:
+            for i, listening in enumerate(self._listeners):
+                if listening is log:  # identity: two captures' logs may be equal
+                    break
+            else:
+                return
             self._settle()
+            del self._listeners[i]
+            self._owners.pop(id(log), None)
             self.capturing -= 1
-            self._listeners.remove(log)
             self._idle_changed(self.idle)
 
     def add_graph(self) -> None:
