@@ -86,8 +86,9 @@ def test_illegal_op_raises_capture_error_naming_it(make_graph, backend, device, 
 
 
 def test_illegal_op_with_explicit_capture_begin(make_graph, device):
-    """Without the context manager the capture is still underway after the error: the caller
-    ends it (or resets) and the graph is usable again."""
+    """Without the context manager the capture is invalidated at the op (as on CUDA) but the
+    graph stays ``capturing`` until the caller resets it (or ends it: see below); the graph
+    is usable again."""
     x, _, _ = _inputs(device)
     g = make_graph()
     with capture_stream(g):
@@ -100,6 +101,28 @@ def test_illegal_op_with_explicit_capture_begin(make_graph, device):
     out = capture(g, lambda x: x + 1, x)
     g.replay()
     assert_replay_matches(out, x + 1)
+
+
+def test_capture_end_after_an_illegal_op_raises_and_the_graph_is_reusable(make_graph, backend, device):
+    """An illegal op invalidates the capture, as on CUDA: the thread does not go on recording
+    (an eager op gives its value), capture_end() raises CaptureError, the graph is empty."""
+    x, _, _ = _inputs(device)
+    g = make_graph()
+    native = backend.capabilities().native_graphs
+    with capture_stream(g):
+        g.capture_begin()
+        with pytest.raises(RuntimeError if native else CaptureError):
+            x.sum().item()
+        with pytest.raises(CaptureError):
+            g.capture_end()
+    assert g.state == "empty"
+    assert not accel_graph.is_current_stream_capturing(device)
+    assert_replay_matches(x * 2 + 1, x.clone() * 2 + 1, msg="an eager op after capture_end")
+    out = capture(g, lambda x: x + 1, x)
+    fresh = randn(gen(2), 6, device=device)
+    x.copy_(fresh)
+    g.replay()
+    assert_replay_matches(out, fresh + 1)
 
 
 # Lookalikes that real capture allows: the output shape is known without reading the data, and
