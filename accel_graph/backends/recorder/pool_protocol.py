@@ -204,13 +204,12 @@ class GraphPool(ABC):
         """The capture listening on ``log`` (this very list) is over (ended or aborted). A log
         that is not listening (ended already, or never begun) changes nothing."""
         with self._lock:
-            for i, listening in enumerate(self._listeners):
-                if listening is log:  # identity: two captures' logs may be equal
-                    break
-            else:
+            # By identity: two captures' logs may be equal lists.
+            index = next((i for i, listening in enumerate(self._listeners) if listening is log), None)
+            if index is None:
                 return
             self._settle()
-            del self._listeners[i]
+            del self._listeners[index]
             self._owners.pop(id(log), None)
             self.capturing -= 1
             self._idle_changed(self.idle)
