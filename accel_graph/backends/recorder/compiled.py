@@ -9,8 +9,8 @@ Inductor writes back into the caller's tensors. So compiled replay has the seman
 interpreted replay: inputs read and written in place, outputs in the same static memory.
 Inductor's own intermediates are allocated per call, outside the graph's pool.
 
-Known traps, handled here: ``compile_fx`` mutates the GraphModule it is given (we pass a copy
-and keep the original for the fallback), its result is called unboxed although it says it is boxed, and
+Known traps, handled here: ``compile_fx`` mutates the GraphModule it is given (it gets one made
+for it, used for nothing else), its result is called unboxed although it says it is boxed, and
 it needs a C++ compiler at run time (without one compilation fails and replay falls back to the
 interpreted program, with the reason logged). The result is called unboxed (``f(*args)``). Random ops are compiled with
 ``fallback_random=True`` so draws equal eager's after the same seed.
@@ -26,7 +26,6 @@ an evicted module lives on in the graphs that use it and is compiled again when 
 from __future__ import annotations
 
 import contextlib
-import copy
 import logging
 import operator
 import threading
@@ -88,10 +87,12 @@ class CompileUnsupported(Exception):
     """The program has a shape the FX translation does not handle (falls back, logged)."""
 
 
-def build_fx(steps: list[Step], outputs: list[PoolRef]) -> tuple[fx.GraphModule, list[torch.Tensor], list[PoolRef]]:
+def build_fx(steps: list[Step], outputs: list[PoolRef]) -> tuple[fx.Graph, list[torch.Tensor], list[PoolRef]]:
     """The FX graph of a captured program.
 
-    Returns the GraphModule, the tensors captured by reference (its leading placeholders, in
+    Returns the graph (a plain ``fx.Graph``: wrapping it in a GraphModule generates Python source
+    that torch.fx keeps in its loader and ``linecache`` forever, about 0.8 KB a module, so that is
+    done only when Inductor must compile it), the tensors captured by reference (its leading placeholders, in
     order) and the output locations (its trailing placeholders, written with ``copy_``). Among the
     leading placeholders, pool locations no step of this program produced (outputs of an earlier
     graph in a shared pool) appear as their :class:`PoolRef`; the caller materializes them.
@@ -189,7 +190,7 @@ def build_fx(steps: list[Step], outputs: list[PoolRef]) -> tuple[fx.GraphModule,
             anchor.prepend(n)
     graph.output(())
     graph.lint()
-    return fx.GraphModule(torch.nn.Module(), graph), ext_tensors, outputs
+    return graph, ext_tensors, outputs
 
 
 def _leaf_key(x: Any, keep: list[Any]) -> Any:
@@ -216,7 +217,7 @@ def _leaf_key(x: Any, keep: list[Any]) -> Any:
     return ("id", id(x))
 
 
-def _graph_key(gm: fx.GraphModule, keep: list[Any]) -> tuple:
+def _graph_key(graph: fx.Graph, keep: list[Any]) -> tuple:
     """The FX graph as a hashable value: every node's op, target and arguments, with nodes named
     by their position (names are positional already, but positions make it explicit)."""
     index: dict[fx.Node, int] = {}
@@ -231,7 +232,7 @@ def _graph_key(gm: fx.GraphModule, keep: list[Any]) -> tuple:
             return (dict, tuple((k, arg(v)) for k, v in x.items()))
         return _leaf_key(x, keep)
 
-    for i, node in enumerate(gm.graph.nodes):
+    for i, node in enumerate(graph.nodes):
         index[node] = i
         target = node.target if node.op != "placeholder" else None
         out.append((node.op, target, arg(node.args), arg(node.kwargs)))
@@ -250,13 +251,13 @@ def _tensor_key(t: torch.Tensor, storages: dict[int, int]) -> tuple:
     )
 
 
-def program_key(gm: fx.GraphModule, example: list[torch.Tensor]) -> tuple[tuple, list[Any]]:
+def program_key(graph: fx.Graph, example: list[torch.Tensor]) -> tuple[tuple, list[Any]]:
     """The cache key of a compiled program: its FX graph (ops and constants) and the layout of
     every placeholder. Equal keys compile to interchangeable modules. Returns the key and the
     objects it names by identity (to be kept alive while the key is cached)."""
     keep: list[Any] = []
     storages: dict[int, int] = {}
-    return (_graph_key(gm, keep), tuple(_tensor_key(t, storages) for t in example)), keep
+    return (_graph_key(graph, keep), tuple(_tensor_key(t, storages) for t in example)), keep
 
 
 def compile_cache_info() -> dict[str, int]:
@@ -273,13 +274,13 @@ def clear_compile_cache() -> None:
         _COUNTS.update(compiles=0, hits=0)
 
 
-def _compiled_module(gm: fx.GraphModule, example: list[torch.Tensor]) -> tuple[Any, bool]:
-    """The Inductor module for ``gm`` at ``example``'s layout, from the cache or compiled now.
+def _compiled_module(graph: fx.Graph, example: list[torch.Tensor]) -> tuple[Any, bool]:
+    """The Inductor module for ``graph`` at ``example``'s layout, from the cache or compiled now.
     Returns ``(module, hit)``. Compilations take turns (module docstring); a failure is not cached."""
     from torch._inductor import config as inductor_config
     from torch._inductor.compile_fx import compile_fx
 
-    key, keep = program_key(gm, example)
+    key, keep = program_key(graph, example)
     with _COMPILE_LOCK:
         entry = _MODULES.get(key)
         if entry is not None:
@@ -293,7 +294,7 @@ def _compiled_module(gm: fx.GraphModule, example: list[torch.Tensor]) -> tuple[A
         with torch.no_grad(), _static_tracing(), inductor_config.patch(
             fallback_random=True, emulate_precision_casts=True
         ):
-            compiled = compile_fx(copy.deepcopy(gm), example)
+            compiled = compile_fx(fx.GraphModule(torch.nn.Module(), graph), example)
         _COUNTS["compiles"] += 1
         _MODULES[key] = (compiled, keep)
         while len(_MODULES) > COMPILE_CACHE_SIZE:
@@ -307,11 +308,11 @@ def compile_program(
     """Compile with Inductor, or reuse the module of an identical program (module docstring).
     Returns ``(replay_fn, info)``; raises on any failure."""
     t0 = time.perf_counter()
-    gm, ext, out_refs = build_fx(steps, outputs)
+    graph, ext, out_refs = build_fx(steps, outputs)
     ext = [pool.materialize(x) if isinstance(x, PoolRef) else x for x in ext]
     statics = [pool.materialize(r) for r in out_refs]
     example = [*ext, *statics]
-    compiled, hit = _compiled_module(gm, example)
+    compiled, hit = _compiled_module(graph, example)
     compile_s = time.perf_counter() - t0
     args = tuple(example)
 
@@ -324,7 +325,7 @@ def compile_program(
         "backend": "inductor",
         "compile_s": compile_s,
         "cache": "hit" if hit else "miss",
-        "fx_nodes": len(gm.graph.nodes),
+        "fx_nodes": len(graph.nodes),
         "placeholders": len(example),
         "intermediates": "allocated per call by Inductor, outside the graph's pool",
     }
