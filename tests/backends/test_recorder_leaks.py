@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import gc
+import linecache
 
 import pytest
 import torch
@@ -145,6 +146,14 @@ def test_identical_programs_compile_once(compiles: list[int]) -> None:
     info = compiled.compile_cache_info()
     assert info["compiles"] == 1 and info["hits"] == 1, info
     assert g2._impl._compiled["cache"] == "hit"
+
+    # A reused module costs the capture nothing that stays: no generated source is kept
+    # (torch.fx keeps every GraphModule's source in linecache, ~0.8 KB each).
+    lines = len(linecache.cache)
+    for _ in range(5):
+        _capture(f, x1)[0].reset()
+    assert len(linecache.cache) == lines, "sources kept per capture of a cached program"
+    assert len(compiles) == 1
 
     # A different constant, a different shape: different programs, compiled again.
     g3, y3 = _capture(lambda x: torch.tanh(x) * 2 + 2, x1)
