@@ -71,7 +71,8 @@ class PoolHandle:
     """An opaque token naming a memory pool. Sharing one across graphs shares their memory.
 
     Handles are created by :func:`accel_graph.graph_pool_handle` or ``Graph.pool()``; users never
-    build them. ``id`` follows torch's convention: ``(0, k)`` for user handles, ``(k, 0)`` for a
+    build them. A handle is valid while something references it (or while its pool has graphs):
+    backends may hold them weakly, so handles support weak references (no ``__slots__``). ``id`` follows torch's convention: ``(0, k)`` for user handles, ``(k, 0)`` for a
     graph's own private pool.
     """
 
@@ -81,6 +82,15 @@ class PoolHandle:
 
     def __repr__(self) -> str:
         return f"PoolHandle({self.id[0]}, {self.id[1]}, device={self.device})"
+
+    # A handle is an immutable token that backends may hold weakly (the recorder does, so a
+    # dropped handle costs nothing): copying returns the token itself, so a copy keeps the
+    # original alive and valid instead of becoming an equal stranger once the original goes.
+    def __copy__(self) -> PoolHandle:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> PoolHandle:
+        return self
 
 
 @dataclass

@@ -251,7 +251,11 @@ class RecorderBackend(Backend):
 
     def __init__(self) -> None:
         self._pools: weakref.WeakValueDictionary[tuple, GraphPool] = weakref.WeakValueDictionary()
-        self._handles: dict[tuple[int, int], PoolHandle] = {}
+        # User handles by id, held weakly: a handle is valid while the user holds it (or while
+        # a pool created from it has graphs, via _pools); a dropped handle costs nothing.
+        self._handles: weakref.WeakValueDictionary[tuple[int, int], PoolHandle] = (
+            weakref.WeakValueDictionary()
+        )
         self._lock = threading.Lock()
 
     @classmethod
@@ -286,6 +290,12 @@ class RecorderBackend(Backend):
         with self._lock:
             self._handles[handle.id] = handle
         return handle
+
+    def tracked_handles(self) -> int:
+        """How many user pool handles the backend knows of: those still referenced somewhere
+        (for leak checks; handles are held weakly)."""
+        with self._lock:
+            return len(self._handles)
 
     def private_pool_handle(self, device: DeviceSpec) -> PoolHandle:
         """A graph's own pool: ``(k, 0)`` like torch, known to the backend only while it lives."""

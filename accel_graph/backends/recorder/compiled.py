@@ -9,21 +9,28 @@ Inductor writes back into the caller's tensors. So compiled replay has the seman
 interpreted replay: inputs read and written in place, outputs in the same static memory.
 Inductor's own intermediates are allocated per call, outside the graph's pool.
 
-Known traps, handled here: ``compile_fx`` mutates the GraphModule it is given (we pass a copy
-and keep the original for the fallback), its result is called unboxed although it says it is boxed, and
+Known traps, handled here: ``compile_fx`` mutates the GraphModule it is given (it gets one made
+for it, used for nothing else), its result is called unboxed although it says it is boxed, and
 it needs a C++ compiler at run time (without one compilation fails and replay falls back to the
 interpreted program, with the reason logged). The result is called unboxed (``f(*args)``). Random ops are compiled with
 ``fallback_random=True`` so draws equal eager's after the same seed.
+
+Compiled modules are cached process-wide by *program*, not by capture (:func:`program_key`): two
+captures with the same ops, constants and input/output layout (shape, stride, dtype, device,
+storage offset, which placeholders share a storage, alignment) reuse one module, called with each
+graph's own tensors. Without it every capture/replay/reset cycle recompiled and torch's code cache
+kept every module (40-55 KB a cycle). The cache is an LRU of :data:`COMPILE_CACHE_SIZE` entries:
+an evicted module lives on in the graphs that use it and is compiled again when next needed.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
 import logging
 import operator
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -42,6 +49,14 @@ aten = torch.ops.aten
 # at once fail with "CURRENT_PATCHER is None"), and graphs captured in different threads are
 # instantiated in those threads: compilations take turns.
 _COMPILE_LOCK = threading.Lock()
+
+#: Compiled modules kept for reuse by identical programs (least recently used evicted first).
+COMPILE_CACHE_SIZE = 64
+
+# program key -> (compiled callable, objects the key names by identity: kept alive so their ids
+# cannot be reused by other objects while the key exists). Guarded by _COMPILE_LOCK.
+_MODULES: OrderedDict[tuple, tuple[Any, list[Any]]] = OrderedDict()
+_COUNTS = {"compiles": 0, "hits": 0}
 
 
 def _static_tracing() -> Any:
@@ -72,10 +87,12 @@ class CompileUnsupported(Exception):
     """The program has a shape the FX translation does not handle (falls back, logged)."""
 
 
-def build_fx(steps: list[Step], outputs: list[PoolRef]) -> tuple[fx.GraphModule, list[torch.Tensor], list[PoolRef]]:
+def build_fx(steps: list[Step], outputs: list[PoolRef]) -> tuple[fx.Graph, list[torch.Tensor], list[PoolRef]]:
     """The FX graph of a captured program.
 
-    Returns the GraphModule, the tensors captured by reference (its leading placeholders, in
+    Returns the graph (a plain ``fx.Graph``: wrapping it in a GraphModule generates Python source
+    that torch.fx keeps in its loader and ``linecache`` forever, about 0.8 KB a module, so that is
+    done only when Inductor must compile it), the tensors captured by reference (its leading placeholders, in
     order) and the output locations (its trailing placeholders, written with ``copy_``). Among the
     leading placeholders, pool locations no step of this program produced (outputs of an earlier
     graph in a shared pool) appear as their :class:`PoolRef`; the caller materializes them.
@@ -173,29 +190,129 @@ def build_fx(steps: list[Step], outputs: list[PoolRef]) -> tuple[fx.GraphModule,
             anchor.prepend(n)
     graph.output(())
     graph.lint()
-    return fx.GraphModule(torch.nn.Module(), graph), ext_tensors, outputs
+    return graph, ext_tensors, outputs
+
+
+def _leaf_key(x: Any, keep: list[Any]) -> Any:
+    """An exact, hashable key for one constant of the FX graph.
+
+    Numbers carry their type (``1``, ``1.0`` and ``True`` differ) and floats their bits (``-0.0``
+    and ``nan`` compare as themselves); dtypes, devices, layouts and memory formats are hashable
+    values; any other object (a generator, an opaque constant) is keyed by identity and kept
+    alive, so two programs share a module only if they name the very same object.
+    """
+    if x is None or isinstance(x, (bool, int, str)):
+        return (type(x), x)
+    if isinstance(x, float):
+        return (float, x.hex())
+    if isinstance(x, complex):
+        return (complex, x.real.hex(), x.imag.hex())
+    if isinstance(x, (torch.dtype, torch.device, torch.layout, torch.memory_format)):
+        return (type(x), x)
+    if isinstance(x, (list, tuple)):
+        return (type(x), tuple(_leaf_key(y, keep) for y in x))
+    if isinstance(x, dict):
+        return (dict, tuple((k, _leaf_key(v, keep)) for k, v in x.items()))
+    keep.append(x)
+    return ("id", id(x))
+
+
+def _graph_key(graph: fx.Graph, keep: list[Any]) -> tuple:
+    """The FX graph as a hashable value: every node's op, target and arguments, with nodes named
+    by their position (names are positional already, but positions make it explicit)."""
+    index: dict[fx.Node, int] = {}
+    out = []
+
+    def arg(x: Any) -> Any:
+        if isinstance(x, fx.Node):
+            return ("node", index[x])
+        if isinstance(x, (list, tuple)):
+            return (type(x), tuple(arg(y) for y in x))
+        if isinstance(x, dict):
+            return (dict, tuple((k, arg(v)) for k, v in x.items()))
+        return _leaf_key(x, keep)
+
+    for i, node in enumerate(graph.nodes):
+        index[node] = i
+        target = node.target if node.op != "placeholder" else None
+        out.append((node.op, target, arg(node.args), arg(node.kwargs)))
+    return tuple(out)
+
+
+def _tensor_key(t: torch.Tensor, storages: dict[int, int]) -> tuple:
+    """What Inductor and AOT autograd may specialize a placeholder on: its metadata, its
+    alignment, and which other placeholders share its storage and where (aliasing decides how
+    input mutations are written back)."""
+    storage = t.untyped_storage()
+    sid = storages.setdefault(storage.data_ptr(), len(storages))
+    return (
+        type(t), t.dtype, t.device, t.layout, tuple(t.shape), t.stride(), t.storage_offset(),
+        sid, storage.nbytes(), storage.data_ptr() % 64, t.requires_grad, t.is_conj(), t.is_neg(),
+    )
+
+
+def program_key(graph: fx.Graph, example: list[torch.Tensor]) -> tuple[tuple, list[Any]]:
+    """The cache key of a compiled program: its FX graph (ops and constants) and the layout of
+    every placeholder. Equal keys compile to interchangeable modules. Returns the key and the
+    objects it names by identity (to be kept alive while the key is cached)."""
+    keep: list[Any] = []
+    storages: dict[int, int] = {}
+    return (_graph_key(graph, keep), tuple(_tensor_key(t, storages) for t in example)), keep
+
+
+def compile_cache_info() -> dict[str, int]:
+    """Process-wide compiled-module cache counters: ``compiles`` (Inductor runs), ``hits``
+    (captures that reused a module), ``size`` and ``maxsize`` (entries)."""
+    with _COMPILE_LOCK:
+        return {**_COUNTS, "size": len(_MODULES), "maxsize": COMPILE_CACHE_SIZE}
+
+
+def clear_compile_cache() -> None:
+    """Forget every cached module and zero the counters (graphs keep the modules they use)."""
+    with _COMPILE_LOCK:
+        _MODULES.clear()
+        _COUNTS.update(compiles=0, hits=0)
+
+
+def _compiled_module(graph: fx.Graph, example: list[torch.Tensor]) -> tuple[Any, bool]:
+    """The Inductor module for ``graph`` at ``example``'s layout, from the cache or compiled now.
+    Returns ``(module, hit)``. Compilations take turns (module docstring); a failure is not cached."""
+    from torch._inductor import config as inductor_config
+    from torch._inductor.compile_fx import compile_fx
+
+    key, keep = program_key(graph, example)
+    with _COMPILE_LOCK:
+        entry = _MODULES.get(key)
+        if entry is not None:
+            _MODULES.move_to_end(key)
+            _COUNTS["hits"] += 1
+            return entry[0], True
+        # fallback_random: random ops call aten's kernels, so draws equal eager's after a seed.
+        # emulate_precision_casts: keep eager's rounding of fp16/bf16 intermediates, which
+        # Inductor otherwise elides when it fuses low-precision ops (results then differ from
+        # eager by more than the fp32 tolerance, e.g. (x.half() + 1).float()).
+        with torch.no_grad(), _static_tracing(), inductor_config.patch(
+            fallback_random=True, emulate_precision_casts=True
+        ):
+            compiled = compile_fx(fx.GraphModule(torch.nn.Module(), graph), example)
+        _COUNTS["compiles"] += 1
+        _MODULES[key] = (compiled, keep)
+        while len(_MODULES) > COMPILE_CACHE_SIZE:
+            _MODULES.popitem(last=False)
+        return compiled, False
 
 
 def compile_program(
     steps: list[Step], inputs: list[InputRecord], outputs: list[PoolRef], pool: GraphPool
 ) -> tuple[Callable[[], None], dict[str, Any]]:
-    """Compile with Inductor. Returns ``(replay_fn, info)``; raises on any failure."""
-    from torch._inductor import config as inductor_config
-    from torch._inductor.compile_fx import compile_fx
-
+    """Compile with Inductor, or reuse the module of an identical program (module docstring).
+    Returns ``(replay_fn, info)``; raises on any failure."""
     t0 = time.perf_counter()
-    gm, ext, out_refs = build_fx(steps, outputs)
+    graph, ext, out_refs = build_fx(steps, outputs)
     ext = [pool.materialize(x) if isinstance(x, PoolRef) else x for x in ext]
     statics = [pool.materialize(r) for r in out_refs]
     example = [*ext, *statics]
-    # fallback_random: random ops call aten's kernels, so draws equal eager's after a seed.
-    # emulate_precision_casts: keep eager's rounding of fp16/bf16 intermediates, which Inductor
-    # otherwise elides when it fuses low-precision ops (results then differ from eager by more
-    # than the fp32 tolerance, e.g. (x.half() + 1).float()).
-    with _COMPILE_LOCK, torch.no_grad(), _static_tracing(), inductor_config.patch(
-        fallback_random=True, emulate_precision_casts=True
-    ):
-        compiled = compile_fx(copy.deepcopy(gm), example)
+    compiled, hit = _compiled_module(graph, example)
     compile_s = time.perf_counter() - t0
     args = tuple(example)
 
@@ -207,7 +324,8 @@ def compile_program(
     info = {
         "backend": "inductor",
         "compile_s": compile_s,
-        "fx_nodes": len(gm.graph.nodes),
+        "cache": "hit" if hit else "miss",
+        "fx_nodes": len(graph.nodes),
         "placeholders": len(example),
         "intermediates": "allocated per call by Inductor, outside the graph's pool",
     }
