@@ -18,7 +18,9 @@ HUGE = 10**5000  # repr() of this int raises ValueError: the message must not ne
 
 
 def _id(value: object) -> str:
-    return "HUGE" if value is HUGE else repr(value)
+    if isinstance(value, int) and abs(value) == HUGE:
+        return "HUGE" if value > 0 else "-HUGE"
+    return repr(value)
 
 
 # bad values for an argument the C core takes as uint64 (a block address)
@@ -128,7 +130,7 @@ def test_malloc_refuses_bools(engine):
     assert engine.memory_stats() == before
 
 
-@pytest.mark.parametrize("flag", ["yes", 1, None, 0.0])
+@pytest.mark.parametrize("flag", ["yes", 1, None, 0.0, HUGE], ids=_id)
 def test_create_pool_flags_are_bools(engine, flag):
     with pytest.raises(ConfigError, match="create_pool: no_split"):
         engine.create_pool(no_split=flag)
@@ -161,7 +163,8 @@ def test_stream_count_is_checked(bad):
 
 
 @pytest.mark.parametrize(
-    "bad", [math.nan, -0.5, -1.0, -math.inf, 1.0000001, 2, math.inf, "0.5", True, False],
+    "bad",
+    [math.nan, -0.5, -1.0, -math.inf, 1.0000001, 2, math.inf, HUGE, -HUGE, "0.5", b"", True, False],
     ids=_id,
 )
 def test_set_memory_fraction_refuses_out_of_range(engine, bad):

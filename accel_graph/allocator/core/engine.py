@@ -34,7 +34,17 @@ import numpy as np
 
 from ...errors import AccelGraphError, ConfigError
 from .loader import load_core, load_dlpack
-from .settings import I32, I64, U64, U64_MAX, EngineSettings, fill_settings, fraction_arg, int_arg
+from .settings import (
+    I32,
+    I64,
+    U64,
+    U64_MAX,
+    EngineSettings,
+    bool_arg,
+    fill_settings,
+    fraction_arg,
+    int_arg,
+)
 from .stats import BLOCK_STATES, memory_stats_dict, snapshot_segments
 from .status import check_status
 from .tensor_blocks import TensorBlocks
@@ -262,12 +272,9 @@ class Engine:
         ``MemPool(use_on_oom=..., no_split=...)``: ``no_split`` never splits its blocks;
         ``use_on_oom`` lets default-pool requests take its free blocks before running out of
         memory."""
-        for name, flag in (("no_split", no_split), ("use_on_oom", use_on_oom)):
-            if not isinstance(flag, bool):
-                raise ConfigError(f"create_pool: {name} must be True or False, got {flag!r}")
         lib = self._lib
-        flags = (lib.AG_POOL_NO_SPLIT if no_split else 0) | (
-            lib.AG_POOL_USE_ON_OOM if use_on_oom else 0
+        flags = (lib.AG_POOL_NO_SPLIT if bool_arg("create_pool", "no_split", no_split) else 0) | (
+            lib.AG_POOL_USE_ON_OOM if bool_arg("create_pool", "use_on_oom", use_on_oom) else 0
         )
         return check_status(lib.ag_create_pool(self._e, flags), self)
 

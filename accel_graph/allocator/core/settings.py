@@ -9,6 +9,7 @@ without an engine (for tests and for explaining decisions).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from numbers import Real
@@ -27,6 +28,7 @@ __all__ = [
     "UPSTREAMS",
     "EngineSettings",
     "allocation_size",
+    "bool_arg",
     "fill_settings",
     "fraction_arg",
     "int_arg",
@@ -182,6 +184,14 @@ def int_arg(call: str, name: str, value: Any, bounds: tuple[int, int]) -> int:
     )
 
 
+def bool_arg(call: str, name: str, value: Any) -> bool:
+    """``value`` if it is a bool (a flag), else :class:`ConfigError`: ``"yes"`` or ``2`` is
+    more likely a misplaced argument than a flag."""
+    if isinstance(value, bool):
+        return value
+    raise ConfigError(f"{call}: {name} must be True or False, got {_shown(value)}")
+
+
 def fraction_arg(call: str, value: Any) -> float:
     """A memory fraction as a float in [0, 1], else :class:`ConfigError`.
 
@@ -190,7 +200,10 @@ def fraction_arg(call: str, value: Any) -> float:
     allocated. torch's Python wrapper also refuses ints; we accept any real number but bool.
     """
     if isinstance(value, Real) and not isinstance(value, bool):
-        f = float(value)
+        try:
+            f = float(value)
+        except OverflowError:  # an int past float's range
+            f = math.inf
         if 0.0 <= f <= 1.0:  # False for NaN
             return f
     raise ConfigError(
