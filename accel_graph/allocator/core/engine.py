@@ -34,7 +34,17 @@ import numpy as np
 
 from ...errors import AccelGraphError, ConfigError
 from .loader import load_core, load_dlpack
-from .settings import U64_MAX, EngineSettings, fill_settings
+from .settings import (
+    I32,
+    I64,
+    U64,
+    U64_MAX,
+    EngineSettings,
+    bool_arg,
+    fill_settings,
+    fraction_arg,
+    int_arg,
+)
 from .stats import BLOCK_STATES, memory_stats_dict, snapshot_segments
 from .status import check_status
 from .tensor_blocks import TensorBlocks
@@ -70,6 +80,15 @@ OP_FIELDS = [("op", "<i4"), ("stream", "<i4"), ("size", "<i8"), ("id", "<i8"), (
 
 EVENT_DTYPE = np.dtype(EVENT_FIELDS)
 OP_DTYPE = np.dtype(OP_FIELDS)
+
+
+def _malloc_args(size: Any, stream: Any, pool: Any) -> None:
+    """malloc's argument checks, off the hot path: run only once cffi refused an argument or
+    one is a bool. Raises ConfigError naming the first bad one."""
+    int_arg("malloc", "size", size, I64)
+    int_arg("malloc", "stream", stream, I32)
+    if pool is not None:
+        int_arg("malloc", "pool", pool, I64)
 
 # the engine
 
@@ -107,6 +126,8 @@ class Engine:
         device_name: str | None = None,
         device_index: int = 0,
     ) -> None:
+        # checked before anything is created; the C core refuses streams past its limit (64)
+        streams = int_arg("Engine", "streams", streams, (1, I32[1]))
         core = load_core()
         ffi, lib = core.ffi, core.lib
         self.settings = settings if settings is not None else EngineSettings()
@@ -129,8 +150,6 @@ class Engine:
         self.device_name = device_name or ("XPU" if policy == "xpu" else "CUDA")
         self.device_index = device_index
         self.conf_var = "PYTORCH_ALLOC_CONF" if policy == "xpu" else "PYTORCH_CUDA_ALLOC_CONF"
-        if not isinstance(streams, int) or streams < 1:
-            raise ConfigError(f"streams must be an int >= 1, got {streams!r}")
         for _ in range(streams - 1):
             self.create_stream()
 
@@ -168,43 +187,42 @@ class Engine:
         Raises OutOfMemoryError (torch's message) when nothing can serve it, ConfigError for a
         size <= 0 or an unknown stream, PoolError for an unknown or released pool.
         """
+        if size.__class__ is bool or stream.__class__ is bool or pool.__class__ is bool:
+            _malloc_args(size, stream, pool)  # raises: cffi would take a bool for 0 or 1
         try:
             r = self._malloc(self._e, size, stream, pool or 0)
-        except OverflowError:
-            if isinstance(size, int) and size >= 1 << 60:
+        except (OverflowError, TypeError):
+            if type(size) is int and size > I64[1]:
                 # too big for int64: the same 1 EB refusal torch gives
                 return check_status(self._lib.ag_malloc(self._e, 1 << 62, 0, 0), self)
-            raise ConfigError(f"bad malloc arguments: size={size!r} stream={stream!r}") from None
-        except TypeError:
-            raise ConfigError(
-                f"malloc needs int size and stream, got size={size!r} stream={stream!r} pool={pool!r}"
-            ) from None
+            _malloc_args(size, stream, pool)  # raises, naming the argument
+            raise  # pragma: no cover - cffi refused what the checks accept
         if r < 0:
             check_status(r, self)
         return r
 
     def free(self, ptr: int) -> None:
         """Free a block. Unknown or already-freed pointers raise ConfigError and change nothing."""
+        if ptr.__class__ is bool:
+            int_arg("free", "ptr", ptr, U64)  # raises
         try:
             rc = self._free(self._e, ptr)
         except (OverflowError, TypeError):
-            raise ConfigError(f"free needs a block address, got {ptr!r}") from None
+            int_arg("free", "ptr", ptr, U64)
+            raise  # pragma: no cover - cffi refused what int_arg accepts
         if rc:
             check_status(rc, self)
 
     def record_stream(self, ptr: int, stream: int) -> None:
         """Mark the block as used on ``stream``: its free completes only after a later
         :meth:`process_events` or :meth:`synchronize` (``free_requested`` then ``free_completed``)."""
-        try:
-            rc = self._lib.ag_record_stream(self._e, ptr, stream)
-        except (OverflowError, TypeError):
-            raise ConfigError(
-                f"record_stream needs a block address and a stream, got {ptr!r}, {stream!r}"
-            ) from None
-        check_status(rc, self)
+        ptr = int_arg("record_stream", "ptr", ptr, U64)
+        stream = int_arg("record_stream", "stream", stream, I32)
+        check_status(self._lib.ag_record_stream(self._e, ptr, stream), self)
 
     def block_size(self, ptr: int) -> int:
         """The (rounded, maybe unsplit) size of an allocated block."""
+        ptr = int_arg("block_size", "ptr", ptr, U64)
         return check_status(self._lib.ag_block_size(self._e, ptr), self)
 
     def process_events(self) -> None:
@@ -223,10 +241,12 @@ class Engine:
         check_status(self._lib.ag_empty_cache(self._e), self)
 
     def set_memory_fraction(self, fraction: float | None) -> None:
-        """torch's ``set_per_process_memory_fraction``; ``None`` unsets it."""
-        check_status(
-            self._lib.ag_set_memory_fraction(self._e, -1.0 if fraction is None else fraction), self
-        )
+        """torch's ``set_per_process_memory_fraction``: a number in [0, 1] (0 lets nothing be
+        allocated, 1 is torch's default: no limit); ``None`` unsets it. NaN, negative numbers,
+        numbers over 1 and non-numbers raise ConfigError, as does any fraction on an engine
+        without a known capacity (no ``cap`` or ``capacity``)."""
+        f = -1.0 if fraction is None else fraction_arg("set_memory_fraction", fraction)
+        check_status(self._lib.ag_set_memory_fraction(self._e, f), self)
 
     def tensor_blocks(self) -> TensorBlocks | None:
         """The one-call tensor maker over this engine's blocks (host upstream), or ``None``
@@ -253,34 +273,40 @@ class Engine:
         ``use_on_oom`` lets default-pool requests take its free blocks before running out of
         memory."""
         lib = self._lib
-        flags = (lib.AG_POOL_NO_SPLIT if no_split else 0) | (
-            lib.AG_POOL_USE_ON_OOM if use_on_oom else 0
+        flags = (lib.AG_POOL_NO_SPLIT if bool_arg("create_pool", "no_split", no_split) else 0) | (
+            lib.AG_POOL_USE_ON_OOM if bool_arg("create_pool", "use_on_oom", use_on_oom) else 0
         )
         return check_status(lib.ag_create_pool(self._e, flags), self)
 
     def begin_allocate_to_pool(self, pool: int, stream: int = -1) -> None:
         """Route allocations on ``stream`` (-1: every stream) to ``pool``; adds one use."""
+        pool = int_arg("begin_allocate_to_pool", "pool", pool, I64)
+        stream = int_arg("begin_allocate_to_pool", "stream", stream, I32)
         check_status(self._lib.ag_begin_allocate_to_pool(self._e, pool, stream), self)
 
     def end_allocate_to_pool(self, pool: int) -> None:
         """Stop routing allocations to ``pool`` (the use taken by begin stays until release)."""
+        pool = int_arg("end_allocate_to_pool", "pool", pool, I64)
         check_status(self._lib.ag_end_allocate_to_pool(self._e, pool), self)
 
     def release_pool(self, pool: int) -> None:
         """Drop one use of ``pool``; at zero its free memory goes back at the next empty_cache
         (or OOM retry), and the pool disappears once it holds no segment."""
+        pool = int_arg("release_pool", "pool", pool, I64)
         check_status(self._lib.ag_release_pool(self._e, pool), self)
 
     def pool_use_count(self, pool: int) -> int:
         """How many users (creator, captures, MemPool contexts) hold ``pool``."""
+        pool = int_arg("pool_use_count", "pool", pool, I64)
         return check_status(self._lib.ag_pool_use_count(self._e, pool), self)
 
     def pool_memory(self, pool: int | None = None) -> dict[str, int]:
         """What one private pool (or, for ``None``, the default pools) holds right now:
         ``segments``, ``reserved_bytes``, ``allocated_bytes``, ``active_bytes``,
         ``blocks_allocated``, and for private pools ``use_count`` and ``freeable``."""
+        pool = 0 if pool is None else int_arg("pool_memory", "pool", pool, I64)
         info = self._ffi.new("ag_pool_info *")
-        check_status(self._lib.ag_pool_info_get(self._e, pool or 0, info), self)
+        check_status(self._lib.ag_pool_info_get(self._e, pool, info), self)
         out = {
             f: int(getattr(info, f))
             for f in (
@@ -376,6 +402,7 @@ class Engine:
 
     def enable_events(self, max_entries: int = 0) -> None:
         """Start recording events; ``max_entries`` > 0 keeps only the newest ones (a ring)."""
+        max_entries = int_arg("enable_events", "max_entries", max_entries, (0, I64[1]))
         check_status(self._lib.ag_events_enable(self._e, 1, max_entries), self)
 
     def disable_events(self) -> None:
@@ -408,6 +435,7 @@ class Engine:
         ops = np.ascontiguousarray(ops, dtype=OP_DTYPE)
         if n_slots is None:
             n_slots = int(ops["id"].max()) + 1 if len(ops) else 0
+        n_slots = int_arg("replay", "n_slots", n_slots, (0, I64[1]))
         slots = np.zeros(max(n_slots, 1), dtype=np.uint64)
         results = np.zeros(max(len(ops), 1), dtype=np.int64)
         done = self._ffi.new("int64_t *")

@@ -9,8 +9,11 @@ without an engine (for tests and for explaining decisions).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from numbers import Real
+from operator import index
 from typing import Any
 
 from ...errors import ConfigError
@@ -25,7 +28,10 @@ __all__ = [
     "UPSTREAMS",
     "EngineSettings",
     "allocation_size",
+    "bool_arg",
     "fill_settings",
+    "fraction_arg",
+    "int_arg",
     "round_size",
     "rp2_next_division",
 ]
@@ -55,6 +61,10 @@ POLICY_MODELS: dict[str, str] = {
     "bfc": "TensorFlow's BFC allocator",
 }
 UPSTREAMS = ("host", "counting", "device")
+#: Inclusive ranges of the C integer types the engine's entry points take.
+I32 = (-(1 << 31), (1 << 31) - 1)
+I64 = (-(1 << 63), (1 << 63) - 1)
+U64 = (0, U64_MAX)
 
 
 @dataclass(frozen=True)
@@ -135,12 +145,75 @@ class EngineSettings:
         return cls(**values)
 
 
+def _shown(value: Any) -> str:
+    """``repr(value)``, bounded: a huge int's repr is slow, and over 4,300 digits it raises."""
+    if isinstance(value, int) and value.bit_length() > 128:
+        return f"an int of {value.bit_length()} bits"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _bound(n: int) -> str:
+    for k in (31, 32, 63, 64):
+        if n == (1 << k) - 1:
+            return f"2**{k} - 1"
+        if n == -(1 << k):
+            return f"-2**{k}"
+    return str(n)
+
+
+def int_arg(call: str, name: str, value: Any, bounds: tuple[int, int]) -> int:
+    """``value`` as a Python int within ``bounds`` (inclusive), for argument ``name`` of
+    ``call``; else :class:`ConfigError`. ``bool`` is refused (it is never a size, address,
+    stream or pool), numpy integers are accepted (anything with ``__index__``).
+
+    The one check every engine entry point uses, so a bad argument never reaches cffi (whose
+    ``OverflowError``/``TypeError`` would escape) and the C core sees only in-range values.
+    """
+    lo, hi = bounds
+    if not isinstance(value, bool):
+        try:
+            n = index(value)
+        except TypeError:
+            pass
+        else:
+            if lo <= n <= hi:
+                return n
+    raise ConfigError(
+        f"{call}: {name} must be an int in [{_bound(lo)}, {_bound(hi)}], got {_shown(value)}"
+    )
+
+
+def bool_arg(call: str, name: str, value: Any) -> bool:
+    """``value`` if it is a bool (a flag), else :class:`ConfigError`: ``"yes"`` or ``2`` is
+    more likely a misplaced argument than a flag."""
+    if isinstance(value, bool):
+        return value
+    raise ConfigError(f"{call}: {name} must be True or False, got {_shown(value)}")
+
+
+def fraction_arg(call: str, value: Any) -> float:
+    """A memory fraction as a float in [0, 1], else :class:`ConfigError`.
+
+    torch's ``set_per_process_memory_fraction`` takes the same range (its C++ check,
+    ``0 <= fraction && fraction <= 1``, refuses NaN too); 0 is allowed and lets nothing be
+    allocated. torch's Python wrapper also refuses ints; we accept any real number but bool.
+    """
+    if isinstance(value, Real) and not isinstance(value, bool):
+        try:
+            f = float(value)
+        except OverflowError:  # an int past float's range
+            f = math.inf
+        if 0.0 <= f <= 1.0:  # False for NaN
+            return f
+    raise ConfigError(
+        f"{call}: the memory fraction must be a number in [0, 1] (None: unset), "
+        f"got {_shown(value)}"
+    )
+
+
 def _nonneg(name: str, value: int | None, default: int) -> int:
-    if value is None:
-        return default
-    if not isinstance(value, int) or value < 0 or value > U64_MAX:
-        raise ConfigError(f"{name} must be a byte count in [0, 2**64), got {value!r}")
-    return value
+    return default if value is None else int_arg("EngineSettings", name, value, U64)
 
 
 
@@ -170,7 +243,9 @@ def fill_settings(ffi: Any, s: EngineSettings, policy: str, upstream: str) -> An
             raise ConfigError(f"roundup_power2_divisions[{i}] out of range: {d}")
         c.roundup_power2_divisions[i] = d
     c.garbage_collection_threshold = float(s.garbage_collection_threshold)
-    c.memory_fraction = -1.0 if s.memory_fraction is None else float(s.memory_fraction)
+    c.memory_fraction = (
+        -1.0 if s.memory_fraction is None else fraction_arg("EngineSettings", s.memory_fraction)
+    )
     c.expandable_segments = 1 if s.expandable_segments else 0
     c.device_kind = 1 if s.device_kind == "hip" else 0
     c.cap = _nonneg("cap", s.cap, 0)
