@@ -54,7 +54,7 @@ def test_genuine_pickles_are_well_within_the_estimate() -> None:
     for protocol in (2, 4, 5):
         data = pickle.dumps(trace.to_snapshot(), protocol=protocol)
         est, top = scan_pickle(data)
-        assert est < TraceLimits().max_pickle_expansion * len(data) and top < len(data)
+        assert est < TraceLimits().max_decode_expansion * len(data) and top < len(data)
 
 
 def test_shared_event_lists_do_not_multiply(tmp_path: Path) -> None:
@@ -142,3 +142,9 @@ def test_rmm_csv_field_over_the_csv_limit_is_a_trace_format_error() -> None:
     with pytest.raises(TraceFormatError, match="not an integer") as info:
         read_rmm_csv(data, "log.csv")
     assert len(str(info.value)) < 300
+
+
+def test_dense_json_is_refused_before_decoding(tmp_path: Path) -> None:
+    data = b'{"segments": [], "device_traces": [[' + b"{}," * (2 << 20) + b"{}]]}"
+    with pytest.raises(TraceFormatError, match="bytes of JSON would build"):
+        load_trace(_write(tmp_path, data, "t.json"))

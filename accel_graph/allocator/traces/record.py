@@ -74,10 +74,11 @@ class TraceLimits:
     #: No allocation, segment or free-memory figure can exceed this many bytes (1 PiB).
     max_bytes_value: int = 1 << 50
     max_nesting: int = 64
-    #: A pickle may build at most this many bytes of objects per byte of file, as estimated
-    #: from its opcodes before unpickling (genuine snapshots: 9-13), plus ``pickle_slack_bytes``.
-    max_pickle_expansion: int = 16
-    pickle_slack_bytes: int = 48 << 20
+    #: A pickle or JSON file may build at most this many bytes of objects per byte of file, as
+    #: estimated before decoding (genuine snapshots: 9-13 for pickles, 3-4 for JSON), plus
+    #: ``decode_slack_bytes``.
+    max_decode_expansion: int = 16
+    decode_slack_bytes: int = 48 << 20
     #: Plain data kept verbatim (settings, annotations, segments, unknown keys) may repeat shared
     #: sub-objects (a pickle's memo) to at most this many times its distinct size, plus
     #: ``plain_slack_units``: what a JSON writer would print stays in proportion to the file.

@@ -12,8 +12,8 @@ Executing nothing is not enough: CPython's unpickler zero-fills its memo up to t
 index a ``PUT``/``LONG_BINPUT`` names (9 bytes can ask for 1 GiB), and one-byte opcodes build
 64-byte objects. :func:`scan_pickle` walks the opcodes first (reading arguments only, building
 nothing) and estimates what unpickling will allocate; :func:`safe_loads` refuses a file whose
-estimate exceeds ``TraceLimits.max_pickle_expansion`` times its size plus
-``TraceLimits.pickle_slack_bytes``, or whose memo indices exceed what its size can justify.
+estimate exceeds ``TraceLimits.max_decode_expansion`` times its size plus
+``TraceLimits.decode_slack_bytes``, or whose memo indices exceed what its size can justify.
 """
 
 from __future__ import annotations
@@ -151,13 +151,13 @@ def check_pickle_size(data: bytes, source: str, limits: TraceLimits = DEFAULT_LI
             "pickle holds at most that many memo entries; the file is corrupt or hostile "
             "(unpickling it would reserve memory for every index). Refusing to load it."
         )
-    allowed = limits.max_pickle_expansion * len(data) + limits.pickle_slack_bytes
+    allowed = limits.max_decode_expansion * len(data) + limits.decode_slack_bytes
     if est > allowed:
         raise TraceFormatError(
             f"{source}: unpickling these {len(data)} bytes would build about {est >> 20} MiB of "
-            f"objects, more than the {allowed >> 20} MiB allowed ({limits.max_pickle_expansion}x "
+            f"objects, more than the {allowed >> 20} MiB allowed ({limits.max_decode_expansion}x "
             "the file plus slack; genuine snapshots need 9-13x); the file is corrupt or hostile. "
-            "If it is genuine, pass limits=TraceLimits(max_pickle_expansion=...)."
+            "If it is genuine, pass limits=TraceLimits(max_decode_expansion=...)."
         )
 
 

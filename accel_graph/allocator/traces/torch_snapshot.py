@@ -110,13 +110,7 @@ class _SnapshotReader:
         device_type = None
         if isinstance(meta, dict) and meta.get("device_type") in DEVICE_TYPES:
             device_type = meta["device_type"]
-        known = {
-            "segments",
-            "device_traces",
-            "allocator_settings",
-            "external_annotations",
-            META_KEY,
-        }
+        known = {"segments", "device_traces", "allocator_settings", "external_annotations", META_KEY}
         extra = {k: v for k, v in obj.items() if k not in known}
         for k, v in extra.items():
             if not isinstance(k, str):
@@ -278,7 +272,8 @@ class _SnapshotReader:
             raise self.fail(where, f"a frame must be a dict, got {type(frame).__name__}")
         for k, v in frame.items():
             if type(k) is not str or not isinstance(v, _PLAIN_SCALARS):
-                raise self.fail(where, f"frame entry {show(k) if type(k) is int else repr(k)[:80]} must map a string to a scalar")
+                key = show(k) if type(k) is int else repr(k)[:80]
+                raise self.fail(where, f"frame entry {key} must map a string to a scalar")
         content = tuple(frame.items())
         fid = self.frame_index.get(content)
         if fid is None:
@@ -295,18 +290,20 @@ class _SnapshotReader:
             raise self.fail("device_traces", f"expected a list, got {type(traces).__name__}")
         if len(traces) > self.limits.max_devices:
             raise self.fail("device_traces", f"{len(traces)} devices exceed the limit")
+        # A pickle can name one list or dict many times (its memo): 12 KB became 8.2 million
+        # events. torch never shares an event or a device's list, so each counts once or fails.
+        shared = self.fail("device_traces", "the same event (or event list) appears more than "
+                           "once by reference, which torch never writes (it would multiply)")
         lists = [t for t in traces if isinstance(t, list)]
+        if len({id(t) for t in lists}) != len(lists):
+            raise shared
         total = sum(map(len, lists))
         if total > self.limits.max_events:
             raise self.fail("device_traces", f"{total} events exceed the limit")
-        # A pickle can name one list or dict many times (its memo): 12 KB became 8.2 million
-        # events. torch never shares an event or a device's list, so each counts once or fails.
-        ids = np.fromiter(map(id, [*lists, *itertools.chain.from_iterable(lists)]), np.uint64)
+        ids = np.fromiter(map(id, itertools.chain.from_iterable(lists)), np.uint64, total)
         ids.sort()
-        if len(ids) > 1 and bool((ids[1:] == ids[:-1]).any()):
-            raise self.fail("device_traces", "the same event (or event list) appears more than "
-                            "once by reference, which torch never writes; the file would expand "
-                            "far beyond its size")
+        if total > 1 and bool((ids[1:] == ids[:-1]).any()):
+            raise shared
         arrays = []
         extras: dict[tuple[int, int], dict[str, Any]] = {}
         for device, entries in enumerate(traces):
