@@ -273,15 +273,21 @@ def test_deep_nesting_is_refused(tmp_path: Path) -> None:
 
 def test_shared_structure_does_not_blow_up(tmp_path: Path) -> None:
     # 2**40 paths through shared lists: a naive walk would never finish.
-    node: list = [{"filename": "x.py", "line": 1, "name": "f"}]
+    frame = {"filename": "x.py", "line": 1, "name": "f"}
+    node: list = [frame]
     for _ in range(40):
         node = [node, node]
     snap = snapshot_dict()
     snap["external_annotations"] = node
     with pytest.raises(TraceFormatError, match="nested deeper"):
         load_trace(write(tmp_path, pickle.dumps(snap)), limits=TraceLimits(max_nesting=30))
+    # checked in linear time, and refused: printed in full (inspect --json, a JSON save) it
+    # would never end (issue 14: 477 MB of JSON in 60 s from a 12 KB pickle)
+    refused(write(tmp_path, pickle.dumps(snap)), "repeats shared objects", "more than 128x")
+    # moderate sharing, as torch's frame dicts, loads
+    snap["external_annotations"] = [frame] * 100
     trace = load_trace(write(tmp_path, pickle.dumps(snap)))
-    assert trace.external_annotations is not None
+    assert trace.external_annotations == [frame] * 100
     # one frames list shared by many events is interned once
     frames = [{"filename": "a.py", "line": i, "name": "f"} for i in range(50)]
     snap = snapshot_dict()

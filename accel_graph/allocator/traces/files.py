@@ -25,11 +25,11 @@ from .record import (
     META_KEY,
     NO_FRAMES,
     TraceLimits,
+    bulk_objects,
     sniff_format,
 )
 from .rmm_csv import is_rmm_csv, read_rmm_csv
 from .safe_pickle import safe_loads
-from .torch_snapshot import bulk_objects
 
 __all__ = ["load_trace", "save_trace"]
 
@@ -56,7 +56,7 @@ def load_trace(
                     f"{source}: {size} bytes exceed the {limits.max_file_bytes}-byte limit; "
                     "pass limits=TraceLimits(max_file_bytes=...) if the file is trusted and genuine."
                 )
-            data = f.read(limits.max_file_bytes + 1)
+            data = _read_bounded(f, size, limits.max_file_bytes)
             if len(data) > limits.max_file_bytes:
                 raise TraceFormatError(f"{source}: the file grew past the size limit while read.")
     except OSError as e:
@@ -78,7 +78,11 @@ def load_trace(
         trace = _from_compact(data, source, limits)
     else:
         with bulk_objects():
-            obj = _json_loads(data, source) if fmt == "json" else safe_loads(data, source)
+            if fmt == "json":
+                _check_json_size(data, source, limits)
+                obj = _json_loads(data, source)
+            else:
+                obj = safe_loads(data, source, limits)
         trace = Trace.from_snapshot(obj, source, limits)
         del obj
     if device_type is not None:
@@ -86,6 +90,24 @@ def load_trace(
             raise ValueError(f"device_type must be one of {DEVICE_TYPES}")
         trace.device_type = device_type
     return trace
+
+
+def _read_bounded(f: Any, size: int, limit: int) -> bytes:
+    """At most ``limit + 1`` bytes of ``f``, reserving memory by what is there: ``size`` (the
+    file's stat size) plus one byte to see growth, then 1 MiB chunks for a file that is longer
+    than it said (a pipe, /proc) -- never ``limit`` bytes up front."""
+    data = f.read(min(size, limit) + 1)
+    if len(data) <= size or len(data) > limit:
+        return data
+    chunks = [data]
+    total = len(data)
+    while total <= limit:
+        chunk = f.read(min(1 << 20, limit + 1 - total))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        total += len(chunk)
+    return b"".join(chunks)
 
 
 def save_trace(trace: Trace, path: str | os.PathLike[str], format: str | None = None) -> None:
@@ -143,6 +165,19 @@ def _umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
+
+
+def _check_json_size(data: bytes, source: str, limits: TraceLimits) -> None:
+    """Refuse JSON whose objects would be out of proportion to its bytes (``{},`` is 3 bytes and
+    a 72-byte dict): an upper estimate from the count of brackets and commas, before decoding."""
+    est = 72 * data.count(b"{") + 64 * data.count(b"[") + 36 * data.count(b",") + len(data)
+    allowed = limits.max_decode_expansion * len(data) + limits.decode_slack_bytes
+    if est > allowed:
+        raise TraceFormatError(
+            f"{source}: decoding these {len(data)} bytes of JSON would build about {est >> 20} "
+            f"MiB of objects, more than the {allowed >> 20} MiB allowed; the file is corrupt or "
+            "hostile. If it is genuine, pass limits=TraceLimits(max_decode_expansion=...)."
+        )
 
 
 def _json_loads(data: bytes, source: str) -> object:

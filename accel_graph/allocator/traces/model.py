@@ -28,9 +28,10 @@ from .record import (
     NO_TIME,
     TRACE_DTYPE,
     TraceLimits,
+    bulk_objects,
 )
 from .segments import derive_device_segments, validate_device
-from .torch_snapshot import Stack, bulk_objects, events_to_entries, read_snapshot
+from .torch_snapshot import Stack, events_to_entries, read_snapshot
 
 __all__ = [
     "FOREIGN_EXTENSIONS",

@@ -14,6 +14,9 @@ no address); ``time_us`` is -1 when the recording had no timestamps.
 
 from __future__ import annotations
 
+import contextlib
+import gc
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,6 +31,8 @@ __all__ = [
     "NO_TIME",
     "TRACE_DTYPE",
     "TraceLimits",
+    "bulk_objects",
+    "show",
     "sniff_format",
 ]
 
@@ -69,6 +74,16 @@ class TraceLimits:
     #: No allocation, segment or free-memory figure can exceed this many bytes (1 PiB).
     max_bytes_value: int = 1 << 50
     max_nesting: int = 64
+    #: A pickle or JSON file may build at most this many bytes of objects per byte of file, as
+    #: estimated before decoding (genuine snapshots: 9-13 for pickles, 3-4 for JSON), plus
+    #: ``decode_slack_bytes``.
+    max_decode_expansion: int = 16
+    decode_slack_bytes: int = 48 << 20
+    #: Plain data kept verbatim (settings, annotations, segments, unknown keys) may repeat shared
+    #: sub-objects (a pickle's memo) to at most this many times its distinct size, plus
+    #: ``plain_slack_units``: what a JSON writer would print stays in proportion to the file.
+    max_plain_expansion: int = 128
+    plain_slack_units: int = 1 << 20
 
 
 DEFAULT_LIMITS = TraceLimits()
@@ -84,3 +99,28 @@ def sniff_format(head: bytes) -> str | None:
     if head[:1] == b"\x80" or head[:1] in (b"(", b"]", b"}"):
         return "pickle"  # protocol >= 2 starts with PROTO; 0/1 with MARK or an empty container
     return None
+
+
+def show(value: int) -> str:
+    """An integer for a message: in full up to 30 digits, else its size (str() of an integer over
+    4,300 digits raises, and a message should not be pages long)."""
+    if -(10**30) < value < 10**30:
+        return str(value)
+    return f"{'-' if value < 0 else ''}<an integer of {value.bit_length()} bits>"
+
+
+@contextlib.contextmanager
+def bulk_objects() -> Iterator[None]:
+    """Pause the cyclic garbage collector while millions of acyclic dicts are built or read.
+
+    Each container allocation counts towards a collection, and collections walk every live
+    object: for a million-event snapshot that is most of the time spent. Nothing built here is
+    cyclic, and the previous state is restored even on error.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()

@@ -22,12 +22,13 @@ from __future__ import annotations
 import csv
 import io
 import re
+from typing import Any
 
 import numpy as np
 
 from ...errors import TraceFormatError
 from .actions import ACTION_CODE
-from .record import NO_FRAMES, NO_TIME, TRACE_DTYPE, TraceLimits
+from .record import NO_FRAMES, NO_TIME, TRACE_DTYPE, TraceLimits, show
 
 __all__ = ["is_rmm_csv", "read_rmm_csv"]
 
@@ -67,7 +68,8 @@ def _int(text: str, what: str, where: str) -> int:
     try:
         return int(text.strip(), 0) if text.strip().lower().startswith("0x") else int(text)
     except ValueError:
-        raise TraceFormatError(f"{where}: {what} {text!r} is not an integer or 0x-hex value.") from None
+        raise TraceFormatError(f"{where}: {what} {text[:40]!r} is not an integer or 0x-hex value "
+                               "(of at most 4,300 digits).") from None
 
 
 def read_rmm_csv(data: bytes, source: str = "<rmm csv>",
@@ -82,7 +84,14 @@ def read_rmm_csv(data: bytes, source: str = "<rmm csv>",
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         raise TraceFormatError(f"{source}: not UTF-8 text at byte {e.start}; is this an RMM log?") from None
-    reader = csv.reader(io.StringIO(text))
+    try:
+        return _parse(csv.reader(io.StringIO(text)), source, limits)
+    except csv.Error as e:  # a field over csv.field_size_limit() (128 KiB), a NUL byte, ...
+        raise TraceFormatError(f"{source}: not a readable RMM log CSV ({e}); no RMM log row "
+                               "holds that.") from None
+
+
+def _parse(reader: Any, source: str, limits: TraceLimits) -> np.ndarray:
     try:
         header = [h.strip() for h in next(reader)]
     except StopIteration:
@@ -108,12 +117,13 @@ def read_rmm_csv(data: bytes, source: str = "<rmm csv>",
                                    "(truncated file?).")
         kind = _ACTIONS.get(row[i_act].strip().lower())
         if kind is None:
-            raise TraceFormatError(f"{where}: unknown action {row[i_act]!r}; RMM logs "
+            raise TraceFormatError(f"{where}: unknown action {row[i_act][:40]!r}; RMM logs "
                                    "allocate, free and allocate failure.")
         addr = _int(row[i_ptr], "pointer", where)
         size = _int(row[i_size], "size", where)
         if not 0 <= size <= limits.max_bytes_value or not 0 <= addr < 1 << 64:
-            raise TraceFormatError(f"{where}: size {size} or pointer {addr} is out of range.")
+            raise TraceFormatError(f"{where}: size {show(size)} or pointer {show(addr)} is out of "
+                                   "range.")
         stream = streams.setdefault(row[i_stream].strip(), len(streams)) if i_stream is not None else 0
         t = _time_us(row[i_time]) if timed else None
         if t is None:

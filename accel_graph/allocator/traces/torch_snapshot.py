@@ -8,22 +8,19 @@ back as torch's trace-entry dicts.
 
 from __future__ import annotations
 
-import contextlib
-import gc
-from collections.abc import Iterator
+import itertools
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from ...errors import TraceFormatError
 from .actions import ACTION_CODE, ACTIONS
-from .record import DEVICE_TYPES, META_KEY, NO_FRAMES, NO_TIME, TRACE_DTYPE, TraceLimits
+from .record import DEVICE_TYPES, META_KEY, NO_FRAMES, NO_TIME, TRACE_DTYPE, TraceLimits, show
 
 __all__ = [
     "BLOCK_STATES",
     "SnapshotParts",
     "Stack",
-    "bulk_objects",
     "events_to_entries",
     "read_snapshot",
 ]
@@ -32,6 +29,8 @@ __all__ = [
 BLOCK_STATES = ("active_allocated", "active_pending_free", "active_awaiting_free", "inactive")
 _EVENT_KEYS = frozenset({"action", "addr", "size", "stream", "time_us", "frames", "device_free"})
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+#: Block and segment addresses must fit the int64 arrays the analyses put them in.
+_ADDR_MAX = _INT64_MAX
 _UINT64_MAX = (1 << 64) - 1
 _PLAIN_SCALARS = (str, int, float, bool, type(None))
 _OOM = ACTION_CODE["oom"]
@@ -73,7 +72,11 @@ class _SnapshotReader:
         self.frame_index: dict[tuple[Any, ...], int] = {}
         self.frame_by_id: dict[int, int] = {}
         self.stacks: list[Stack] = []
-        self.checked: set[int] = set()
+        # id -> expanded size of each plain container (and long string) checked so far; the
+        # objects stay alive in the snapshot being read, so no id is reused meanwhile.
+        self.sizes: dict[int, int] = {}
+        self.distinct = 0  # plain data units, each object once
+        self.expanded = 0  # plain data units, shared objects at every reference
         # Objects whose id() is cached in stack_by_id, kept alive so no id is ever reused.
         self.keep_alive: list[object] = []
 
@@ -97,63 +100,82 @@ class _SnapshotReader:
         if settings is not None:
             if not isinstance(settings, dict):
                 raise self.fail("allocator_settings", "expected a dict")
-            self.plain(settings, "allocator_settings")
+            self.expanded += self.plain(settings, "allocator_settings")
         annotations = obj.get("external_annotations")
         if annotations is not None:
             if not isinstance(annotations, list):
                 raise self.fail("external_annotations", "expected a list")
-            self.plain(annotations, "external_annotations")
+            self.expanded += self.plain(annotations, "external_annotations")
         meta = obj.get(META_KEY)
         device_type = None
         if isinstance(meta, dict) and meta.get("device_type") in DEVICE_TYPES:
             device_type = meta["device_type"]
-        known = {
-            "segments",
-            "device_traces",
-            "allocator_settings",
-            "external_annotations",
-            META_KEY,
-        }
+        known = {"segments", "device_traces", "allocator_settings", "external_annotations", META_KEY}
         extra = {k: v for k, v in obj.items() if k not in known}
         for k, v in extra.items():
             if not isinstance(k, str):
                 raise self.fail("top level", f"non-string key {type(k).__name__}")
-            self.plain(v, k)
+            self.expanded += self.plain(v, k[:80])
+        limit = self.limits.max_plain_expansion * self.distinct + self.limits.plain_slack_units
+        if self.expanded > limit:
+            raise self.fail(
+                "top level", f"the snapshot's metadata repeats shared objects (pickle memo "
+                f"references) so that {self.distinct} units of data expand to {self.expanded}, "
+                f"more than {self.limits.max_plain_expansion}x; a snapshot never does, and "
+                "printing it would not end")
         return SnapshotParts(
             traces, segments, settings, device_type, self.stacks, annotations, extras, extra
         )
 
     # -- generic plain-data check (for what we keep verbatim)
-    def plain(self, obj: object, where: str, depth: int = 0) -> None:
-        if isinstance(obj, _PLAIN_SCALARS):
-            return
+    def plain(self, obj: object, where: str, depth: int = 0) -> int:
+        """Check that ``obj`` is plain data; return its size printed in full (units of about a
+        byte), shared sub-objects counted at every reference. Each distinct object is walked
+        once, and adds its own size to ``self.distinct``."""
+        if isinstance(obj, str):
+            n = len(obj) + 2
+            if n <= 64 or self.sizes.setdefault(id(obj), n) is n:  # long strings: once by id
+                self.distinct += n
+            return n
+        if isinstance(obj, int):
+            n = obj.bit_length() // 3 + 2
+            self.distinct += n
+            return n
+        if isinstance(obj, (float, type(None))):
+            self.distinct += 8
+            return 8
         if depth > self.limits.max_nesting:
             raise self.fail(where, f"nested deeper than {self.limits.max_nesting} levels")
-        if id(obj) in self.checked:  # shared sub-objects are checked once (no blow-up)
-            return
+        known = self.sizes.get(id(obj))
+        if known is not None:  # shared sub-objects are checked once (no blow-up)
+            return known
+        total = 2
         if isinstance(obj, dict):
-            self.checked.add(id(obj))
             for k, v in obj.items():
                 if not isinstance(k, (str, int)):
                     raise self.fail(where, f"dict key of type {type(k).__name__}")
-                self.plain(v, f"{where}.{k}", depth + 1)
+                key = k[:80] if isinstance(k, str) else show(k)
+                total += self.plain(k, where) + self.plain(v, f"{where}.{key}", depth + 1) + 2
         elif isinstance(obj, (list, tuple)):
-            self.checked.add(id(obj))
             for i, v in enumerate(obj):
-                self.plain(v, f"{where}[{i}]", depth + 1)
+                total += self.plain(v, f"{where}[{i}]", depth + 1) + 2
         else:
             raise self.fail(
                 where, f"value of type {type(obj).__name__}, which snapshots never hold"
             )
+        self.distinct += 2 + 2 * len(obj)
+        self.sizes[id(obj)] = total
+        return total
 
     def integer(self, value: object, where: str, lo: int = 0, hi: int | None = None) -> int:
         hi = self.limits.max_bytes_value if hi is None else hi
         if not isinstance(value, int) or isinstance(value, bool):
             raise self.fail(where, f"expected an integer, got {type(value).__name__}")
         if value < lo:
-            raise self.fail(where, f"negative value {value}")
+            raise self.fail(where, f"negative value {show(value)}" if lo == 0
+                            else f"value {show(value)} below {lo}")
         if value > hi:
-            raise self.fail(where, f"absurd value {value} (limit {hi})")
+            raise self.fail(where, f"absurd value {show(value)} (limit {hi})")
         return value
 
     def segments(self, segments: object) -> list[dict[str, Any]]:
@@ -170,7 +192,7 @@ class _SnapshotReader:
             for key in ("address", "total_size", "blocks"):
                 if key not in seg:
                     raise self.fail(where, f"missing '{key}'")
-            self.integer(seg["address"], f"{where}.address", hi=_UINT64_MAX)
+            self.integer(seg["address"], f"{where}.address", hi=_ADDR_MAX)
             self.integer(seg["total_size"], f"{where}.total_size")
             for key in ("allocated_size", "active_size", "requested_size"):
                 if key in seg:
@@ -185,6 +207,9 @@ class _SnapshotReader:
             blocks_seen += len(blocks)
             if blocks_seen > self.limits.max_blocks:
                 raise self.fail(where, "too many blocks")
+            # Legacy snapshots (torch 1.x) give no block addresses: the blocks tile the segment.
+            legacy = not any(isinstance(b, dict) and "address" in b for b in blocks)
+            at = seg["address"]
             for j, b in enumerate(blocks):
                 bw = f"{where}.blocks[{j}]"
                 if not isinstance(b, dict):
@@ -192,15 +217,29 @@ class _SnapshotReader:
                 if "size" not in b:
                     raise self.fail(bw, "missing 'size'")
                 self.integer(b["size"], f"{bw}.size")
+                if "address" in b:
+                    self.integer(b["address"], f"{bw}.address", hi=_ADDR_MAX)
+                elif not legacy:
+                    raise self.fail(bw, "missing 'address' (other blocks of the segment have one)")
                 if "requested_size" in b:
                     self.integer(b["requested_size"], f"{bw}.requested_size")
                 if "state" in b and not isinstance(b["state"], str):
                     raise self.fail(f"{bw}.state", "expected a string")
             pool = seg.get("segment_pool_id")
+            if isinstance(pool, (list, tuple)) and len(pool) == 2:  # torch: (0, n) or (uid, 0)
+                for x in pool:
+                    self.integer(x, f"{where}.segment_pool_id", hi=(1 << 31) - 1)
+            elif pool is not None:
+                self.integer(pool, f"{where}.segment_pool_id", _INT64_MIN, _INT64_MAX)
             seg = dict(seg)
             if isinstance(pool, list):  # JSON has no tuples; torch writes a 2-tuple
                 seg["segment_pool_id"] = tuple(pool)
-            self.plain(seg, where)
+            if legacy and blocks:
+                seg["blocks"] = blocks = [dict(b) for b in blocks]
+                for b in blocks:
+                    b["address"], at = at, at + b["size"]
+                self.integer(at, f"{where}.blocks", hi=_ADDR_MAX)
+            self.expanded += self.plain(seg, where)
             out.append(seg)
         return out
 
@@ -233,7 +272,8 @@ class _SnapshotReader:
             raise self.fail(where, f"a frame must be a dict, got {type(frame).__name__}")
         for k, v in frame.items():
             if type(k) is not str or not isinstance(v, _PLAIN_SCALARS):
-                raise self.fail(where, f"frame entry {k!r} must map a string to a scalar")
+                key = show(k) if type(k) is int else repr(k)[:80]
+                raise self.fail(where, f"frame entry {key} must map a string to a scalar")
         content = tuple(frame.items())
         fid = self.frame_index.get(content)
         if fid is None:
@@ -250,9 +290,20 @@ class _SnapshotReader:
             raise self.fail("device_traces", f"expected a list, got {type(traces).__name__}")
         if len(traces) > self.limits.max_devices:
             raise self.fail("device_traces", f"{len(traces)} devices exceed the limit")
-        total = sum(len(t) for t in traces if isinstance(t, list))
+        # A pickle can name one list or dict many times (its memo): 12 KB became 8.2 million
+        # events. torch never shares an event or a device's list, so each counts once or fails.
+        shared = self.fail("device_traces", "the same event (or event list) appears more than "
+                           "once by reference, which torch never writes (it would multiply)")
+        lists = [t for t in traces if isinstance(t, list)]
+        if len({id(t) for t in lists}) != len(lists):
+            raise shared
+        total = sum(map(len, lists))
         if total > self.limits.max_events:
             raise self.fail("device_traces", f"{total} events exceed the limit")
+        ids = np.fromiter(map(id, itertools.chain.from_iterable(lists)), np.uint64, total)
+        ids.sort()
+        if total > 1 and bool((ids[1:] == ids[:-1]).any()):
+            raise shared
         arrays = []
         extras: dict[tuple[int, int], dict[str, Any]] = {}
         for device, entries in enumerate(traces):
@@ -322,7 +373,7 @@ class _SnapshotReader:
         known = _EVENT_KEYS | {"pool_id"}
         for i in [i for i, e in enumerate(entries) if not known.issuperset(e)]:
             other = {k: v for k, v in entries[i].items() if k not in known}
-            self.plain(other, f"device_traces[{device}][{i}]")
+            self.expanded += self.plain(other, f"device_traces[{device}][{i}]")
             extras[(device, i)] = other
         return out
 
@@ -373,7 +424,7 @@ class _SnapshotReader:
             if len(e) > 2 and not _EVENT_KEYS.issuperset(e):
                 other = {k: v for k, v in e.items() if k not in _EVENT_KEYS and k != "pool_id"}
                 if other:
-                    self.plain(other, f"device_traces[{device}][{i}]")
+                    self.expanded += self.plain(other, f"device_traces[{device}][{i}]")
                     extras[(device, i)] = other
         out = np.empty(n, TRACE_DTYPE)
         out["action"], out["frames"] = np.array(action, np.uint8), np.array(frames, np.int32)
@@ -395,23 +446,6 @@ def _column(entries: list[dict[str, Any]], key: str, default: object) -> list[An
         return [e[key] for e in entries]
     except KeyError:
         return [e.get(key, default) for e in entries]
-
-
-@contextlib.contextmanager
-def bulk_objects() -> Iterator[None]:
-    """Pause the cyclic garbage collector while millions of acyclic dicts are built or read.
-
-    Each container allocation counts towards a collection, and collections walk every live
-    object: for a million-event snapshot that is most of the time spent. Nothing built here is
-    cyclic, and the previous state is restored even on error.
-    """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def events_to_entries(

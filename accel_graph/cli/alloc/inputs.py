@@ -12,6 +12,7 @@ from typing import Any
 from .options import EXIT_BAD_TRACE, EXIT_UNSUPPORTED, CliError, guarded, warn
 
 __all__ = [
+    "ENGINE_STREAMS",
     "FROM_ARGS",
     "NO_HISTORY",
     "RECORDED_WORDS",
@@ -76,9 +77,29 @@ NO_HISTORY = ("the file holds the allocator's segments but no event history (the
               "_record_memory_history() before the workload to simulate it")
 
 
-def pick_device(trace: Any, device: int | None, *, quiet: bool = False) -> int:
+#: Streams the simulator's engine can replay on one device (its stream ids are 0..63).
+ENGINE_STREAMS = 64
+
+
+def pick_device(trace: Any, device: int | None, *, quiet: bool = False,
+                replay: bool = True) -> int:
     """The device index to simulate: ``device`` if it has events, else the busiest one (with a
-    warning on stderr naming the others, unless ``quiet``)."""
+    warning on stderr naming the others, unless ``quiet``). With ``replay`` (every command but
+    ``inspect``), a device whose events use more than :data:`ENGINE_STREAMS` streams is refused
+    (:data:`EXIT_UNSUPPORTED`)."""
+    chosen = _pick_device(trace, device, quiet)
+    if replay:
+        import numpy as np
+
+        n = len(np.unique(trace.events(chosen)["stream"]))
+        if n > ENGINE_STREAMS:
+            raise CliError(f"device {chosen} of the trace uses {n} streams; the simulator replays "
+                           f"at most {ENGINE_STREAMS} per device (`accel-alloc inspect` reads "
+                           "it)", EXIT_UNSUPPORTED)
+    return chosen
+
+
+def _pick_device(trace: Any, device: int | None, quiet: bool) -> int:
     counts = {i: len(a) for i, a in enumerate(trace.device_traces)}
     if device is not None:
         if not counts.get(device):

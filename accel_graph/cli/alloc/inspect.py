@@ -66,7 +66,7 @@ def choose_device(trace: Any, device: int | None) -> tuple[int, list[str]]:
     from ...allocator.traces.actions import ACTION_CODE
 
     if any(len(a) for a in trace.device_traces) or not trace.segments:
-        device = pick_device(trace, device)
+        device = pick_device(trace, device, replay=False)
         ev = trace.events(device)
         seg_codes = [ACTION_CODE[a] for a in ("segment_alloc", "segment_free", "segment_map",
                                                 "segment_unmap")]

@@ -11,9 +11,9 @@ code   meaning
 2      usage error (unknown option, missing argument; argparse's own code)
 3      a config string PyTorch would reject (unknown key, bad value, bad separator)
 4      a trace file that cannot be read: missing, empty, truncated, corrupt, hostile (pickle
-       globals), wrong types, absurd sizes
+       globals, memo bombs, objects out of proportion to the file), wrong types, absurd sizes
 5      a trace that was read but cannot be simulated: unknown device type, no events for the
-       chosen device, too many streams, an unknown profile or policy
+       chosen device, more than 64 streams (all but ``inspect``), an unknown profile or policy
 6      an impossible capacity: ``--cap`` smaller than the trace's largest allocation
 7      an optional dependency is missing (``plot`` needs matplotlib: ``pip install
        'accel-graph[plot]'``)
