@@ -1,8 +1,14 @@
-"""Byte counts for people: one formatter for messages, reports and tables."""
+"""Byte units: the constants every allocator module counts in, and one formatter for messages,
+reports and tables."""
 
 from __future__ import annotations
 
-__all__ = ["fmt_bytes"]
+__all__ = ["MIB", "U64_MAX", "fmt_bytes"]
+
+#: One mebibyte: torch's allocator settings and figures are in MiB.
+MIB = 1 << 20
+#: ``UINT64_MAX``: the C core's "no limit" value and torch's ``SIZE_MAX`` on 64-bit hosts.
+U64_MAX = (1 << 64) - 1
 
 
 def fmt_bytes(n: float | int | None) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ...errors import ConfigError
+from ..units import MIB, U64_MAX
 
 __all__ = [
     "CONFIG_VARIABLES",
@@ -18,8 +19,7 @@ __all__ = [
     "AllocatorSettings",
 ]
 
-MIB = 1 << 20
-SIZE_MAX = (1 << 64) - 1
+SIZE_MAX = U64_MAX  # torch's name in the config parser
 #: Number of roundup_power2_divisions intervals: [0] < 2 MiB, [i] = [2^(20+i), 2^(21+i)), [15] >= 32 GiB.
 ROUNDUP_INTERVALS = 16
 DEVICES = ("cuda", "hip", "xpu", "cpu")

@@ -44,6 +44,7 @@ from ..traces.actions import (
     SEGMENT_ACTIONS,
     reserved_delta,
 )
+from ..units import MIB
 from .sites import held_by_site, site_ids, stack_sites
 from .walk import NEVER, Layout, Pairs, SegmentWalk, curve, final_segments, prepare
 
@@ -56,7 +57,6 @@ __all__ = [
 ]
 
 SCHEMA = "accel-alloc/inspect/1"
-MIB = 1 << 20
 #: torch's kSmallSize: blocks of at most this many bytes come from the small pool.
 SMALL_SIZE = MIB
 

@@ -17,6 +17,8 @@ from operator import index
 from typing import Any
 
 from ...errors import ConfigError
+from ..alloc_conf.settings import ROUNDUP_INTERVALS
+from ..units import MIB, U64_MAX
 from .loader import load_core
 
 __all__ = [
@@ -36,10 +38,6 @@ __all__ = [
     "rp2_next_division",
 ]
 
-MIB = 1 << 20
-#: The C core's "no limit" / "unbounded" value (``UINT64_MAX``).
-U64_MAX = (1 << 64) - 1
-_INTERVALS = 16
 POLICIES = ("native", "xpu", "bfc")  # index = AG_POLICY_* in _core.h
 #: The allocator config keys each policy acts on; the others parse and change nothing (the C
 #: core: the max_split rules and the GC threshold are native-only, roundup divisions need the
@@ -117,11 +115,11 @@ class EngineSettings:
         """The 16 per-interval division counts."""
         d = self.roundup_power2_divisions
         if isinstance(d, int):
-            return (d,) * _INTERVALS
+            return (d,) * ROUNDUP_INTERVALS
         d = tuple(int(x) for x in d)
-        if len(d) != _INTERVALS:
+        if len(d) != ROUNDUP_INTERVALS:
             raise ConfigError(
-                f"roundup_power2_divisions needs one int or {_INTERVALS} ints, got {len(d)}"
+                f"roundup_power2_divisions needs one int or {ROUNDUP_INTERVALS} ints, got {len(d)}"
             )
         return d
 

@@ -43,10 +43,10 @@ from ..core.engine import Engine
 from ..core.settings import EngineSettings
 from ..traces.actions import ACTION_CODE
 from ..traces.model import Trace
+from ..units import MIB
 
 __all__ = ["WORKLOADS", "Tape", "generate", "trace_stats"]
 
-MIB = 1 << 20
 F32 = 4
 _US_PER_EVENT = 5
 

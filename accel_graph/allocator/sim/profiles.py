@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from ..units import MIB
+
 __all__ = [
     "PROFILES",
     "ROUNDING_RULES",
@@ -34,7 +36,6 @@ __all__ = [
     "round_requests",
 ]
 
-MIB = 1 << 20
 KMIN = 512
 
 #: Rounding rule ids: ``cuda`` (512-byte multiples, minimum 512, plus roundup_power2_divisions),
@@ -50,6 +51,7 @@ _CORE_KEYS = frozenset(
         "expandable_segments",
     }
 )
+
 _CUDA_KEYS = _CORE_KEYS | {
     "backend",
     "release_lock_on_cudamalloc",

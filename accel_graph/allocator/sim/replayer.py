@@ -37,13 +37,13 @@ from ..alloc_conf import settings_from_snapshot
 from ..core.engine import OP, OP_DTYPE, Engine
 from ..core.settings import EngineSettings
 from ..traces.actions import A_MAP, A_SEG_ALLOC, A_SEG_FREE, A_UNMAP, SEGMENT_ACTIONS
+from ..units import MIB
 from .profiles import NPU_ROUND_EXTRA, Profile, resolve_profile
 from .results import ReplayResult, fragmentation_at_peak, usage_curves
 from .trace_ops import build_ops, build_ops_reusing
 
 __all__ = ["apply_profile", "replay_trace"]
 
-MIB = 1 << 20
 
 
 def apply_profile(settings: EngineSettings, profile: Profile | str | None,

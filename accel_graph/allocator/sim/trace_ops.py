@@ -26,6 +26,7 @@ from ..traces.actions import (
     SEGMENT_ACTIONS,
     reserved_delta,
 )
+from ..units import MIB
 from .profiles import NPU_ROUND_EXTRA, Profile, resolve_profile, round_requests
 
 __all__ = [
@@ -39,7 +40,6 @@ __all__ = [
     "recorded_summary",
 ]
 
-MIB = 1 << 20
 
 # ------------------------------------------------------------------------------------------
 # the trace side

@@ -171,13 +171,7 @@ def _check_json_size(data: bytes, source: str, limits: TraceLimits) -> None:
     """Refuse JSON whose objects would be out of proportion to its bytes (``{},`` is 3 bytes and
     a 72-byte dict): an upper estimate from the count of brackets and commas, before decoding."""
     est = 72 * data.count(b"{") + 64 * data.count(b"[") + 36 * data.count(b",") + len(data)
-    allowed = limits.max_decode_expansion * len(data) + limits.decode_slack_bytes
-    if est > allowed:
-        raise TraceFormatError(
-            f"{source}: decoding these {len(data)} bytes of JSON would build about {est >> 20} "
-            f"MiB of objects, more than the {allowed >> 20} MiB allowed; the file is corrupt or "
-            "hostile. If it is genuine, pass limits=TraceLimits(max_decode_expansion=...)."
-        )
+    limits.check_decode_size(est, len(data), source, "JSON")
 
 
 def _json_loads(data: bytes, source: str) -> object:

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ...errors import TraceFormatError
+
 __all__ = [
     "COMPACT_MAGIC",
     "DEFAULT_LIMITS",
@@ -84,6 +86,20 @@ class TraceLimits:
     #: ``plain_slack_units``: what a JSON writer would print stays in proportion to the file.
     max_plain_expansion: int = 128
     plain_slack_units: int = 1 << 20
+
+    def check_decode_size(self, estimate: int, nbytes: int, source: str, what: str) -> None:
+        """Refuse a file whose ``estimate`` of decoded bytes is out of proportion to its
+        ``nbytes`` (more than ``max_decode_expansion`` times plus ``decode_slack_bytes``), before
+        anything is decoded. ``what`` names the format in the message ("pickle", "JSON")."""
+        allowed = self.max_decode_expansion * nbytes + self.decode_slack_bytes
+        if estimate > allowed:
+            raise TraceFormatError(
+                f"{source}: decoding these {nbytes} bytes of {what} would build about "
+                f"{estimate >> 20} MiB of objects, more than the {allowed >> 20} MiB allowed "
+                f"({self.max_decode_expansion}x the file plus slack; genuine snapshots need "
+                "3-13x); the file is corrupt or hostile. If it is genuine, pass "
+                "limits=TraceLimits(max_decode_expansion=...)."
+            )
 
 
 DEFAULT_LIMITS = TraceLimits()

@@ -151,14 +151,7 @@ def check_pickle_size(data: bytes, source: str, limits: TraceLimits = DEFAULT_LI
             "pickle holds at most that many memo entries; the file is corrupt or hostile "
             "(unpickling it would reserve memory for every index). Refusing to load it."
         )
-    allowed = limits.max_decode_expansion * len(data) + limits.decode_slack_bytes
-    if est > allowed:
-        raise TraceFormatError(
-            f"{source}: unpickling these {len(data)} bytes would build about {est >> 20} MiB of "
-            f"objects, more than the {allowed >> 20} MiB allowed ({limits.max_decode_expansion}x "
-            "the file plus slack; genuine snapshots need 9-13x); the file is corrupt or hostile. "
-            "If it is genuine, pass limits=TraceLimits(max_decode_expansion=...)."
-        )
+    limits.check_decode_size(est, len(data), source, "pickle")
 
 
 def safe_loads(data: bytes, source: str = "<pickle>", limits: TraceLimits = DEFAULT_LIMITS) -> object:

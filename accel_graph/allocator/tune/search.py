@@ -49,12 +49,12 @@ from ..alloc_conf import AllocatorSettings, parse_config
 from ..core.settings import POLICIES, POLICY_KEYS
 from ..sim import profiles as _profiles
 from ..sim.scenario import make_scenario, recorded_settings, simulate
+from ..units import MIB
 from .ranking import OBJECTIVES, Candidate, pareto_front, rank
 from .space import KNOB_VALUES, SearchSpace, build_space, search_space
 
 __all__ = ["DEFAULT_BUDGET", "TuneResult", "tune"]
 
-MIB = 1 << 20
 #: configurations evaluated by default (the policy comparison rows come on top).
 DEFAULT_BUDGET = 256
 _KNOBS = tuple(KNOB_VALUES)

@@ -16,10 +16,10 @@ from ..alloc_conf import parse_config
 from ..core.settings import POLICY_KEYS
 from ..sim import profiles as _profiles
 from ..sim.scenario import CONFIG_DEVICE, scenario_profile
+from ..units import MIB
 
 __all__ = ["KNOB_VALUES", "SearchSpace", "build_space", "search_space"]
 
-MIB = 1 << 20
 
 #: Values tried per knob (``None``/unset is always tried too). ``max_split`` is the pair
 #: (max_split_size_mb, max_non_split_rounding_mb): the rounding window only acts with a split
