@@ -5,9 +5,11 @@ shared pool, the memory budget, and the per-batch-size routes the hot path reads
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -17,8 +19,9 @@ from ..errors import AccelGraphError, CaptureError, ConfigError, OutOfMemoryErro
 from ..frontend import Graph, graph
 from .runtime import Bucket, RunnerRuntime
 from .support import broadcast_outputs, progress_bar, reason_of
+from .verify import UndoLog
 
-__all__ = ["capture_buckets", "disable_bucket"]
+__all__ = ["capture_buckets", "capture_lazily", "disable_bucket"]
 
 log = logging.getLogger("accel_graph")
 
@@ -31,35 +34,36 @@ def capture_buckets(rt: RunnerRuntime) -> None:
     """Warm up and capture every bucket of ``rt``, largest first, into one shared pool.
 
     A bucket whose capture fails (``CaptureError``, out of memory) or that pushes the pool over
-    ``rt.memory_budget`` is left out with its reason (``rt.strict`` raises instead); its batches
-    run eagerly. Raises AccelGraphError when ``rt`` was captured before, ConfigError when the
-    budget cannot hold even the smallest bucket, or when ``rt.fn`` returns something other than
-    tensors. ``rt.captured`` is set and the routes built even when capture raises half-way.
+    ``rt.memory_budget`` or the capture time over ``rt.capture_time_budget`` is left out with
+    its reason (``rt.strict`` raises instead); its batches run eagerly. With
+    ``rt.capture_mode == "lazy"`` nothing is captured here: each bucket is captured on its first
+    call (:func:`capture_lazily`). Raises AccelGraphError when ``rt`` was captured before,
+    ConfigError when the budget cannot hold even the smallest bucket, or when ``rt.fn`` returns
+    something other than tensors. ``rt.captured`` is set and the routes built even when capture
+    raises half-way.
     """
     if rt.captured:
         raise AccelGraphError("GraphRunner.capture() already ran; build a new runner to recapture")
     if rt.pool is None:
         rt.pool = rt.backend.graph_pool_handle(rt.device_spec)
+    if rt.capture_mode == "lazy":
+        rt.captured = True
+        rt.build_routes()
+        return
     bar = progress_bar(len(rt.buckets), rt.progress)
-    gc_was_enabled = gc.isenabled()
-    # GC off during capture (vLLM and SGLang freeze it): a collection mid-capture costs time
-    # and can run finalizers of tensors in the middle of a capture. No gc.collect() first: with
-    # torch imported one full collection takes ~0.5 s on a 2-core CPU, longer than capturing a
-    # small ladder.
-    gc.disable()
     try:
-        for bucket in reversed(rt.buckets):  # largest first: smaller ones reuse its memory
-            if bar is not None:
-                bar.set_postfix_str(f"bucket {bucket.size}")
-            _capture_one(rt, bucket)
-            if bar is not None:
-                reserved, _ = rt.pool_bytes()
-                mib = "?" if reserved is None else f"{reserved / 2**20:.1f}"
-                bar.set_postfix_str(f"bucket {bucket.size} | pool {mib} MiB")
-                bar.update(1)
+        with _gc_off():
+            for bucket in reversed(rt.buckets):  # largest first: smaller ones reuse its memory
+                if bar is not None:
+                    bar.set_postfix_str(f"bucket {bucket.size}")
+                if not _over_time_budget(rt, bucket):
+                    _capture_one(rt, bucket)
+                if bar is not None:
+                    reserved, _ = rt.pool_bytes()
+                    mib = "?" if reserved is None else f"{reserved / 2**20:.1f}"
+                    bar.set_postfix_str(f"bucket {bucket.size} | pool {mib} MiB")
+                    bar.update(1)
     finally:
-        if gc_was_enabled:
-            gc.enable()
         if bar is not None:
             bar.close()
         rt.captured = True
@@ -74,7 +78,61 @@ def capture_buckets(rt: RunnerRuntime) -> None:
         )
 
 
-def _capture_one(rt: RunnerRuntime, bucket: Bucket) -> None:
+def capture_lazily(rt: RunnerRuntime, bucket: Bucket) -> None:
+    """Capture ``bucket`` on its first call (``capture="lazy"``), then rebuild the routes.
+
+    The warm-up runs ``fn`` once more than eager capture would, while the server already holds
+    state: every tensor it writes in place (a KV cache, a counter) is put back afterwards, so the
+    call that triggered the capture sees the state as it was. Failures leave the bucket out,
+    as in :func:`capture_buckets`.
+    """
+    try:
+        if rt.pool is None:
+            rt.pool = rt.backend.graph_pool_handle(rt.device_spec)
+        if not _over_time_budget(rt, bucket):
+            with _gc_off():
+                _capture_one(rt, bucket, undo_warmup=True)
+    finally:
+        rt.captured = True
+        rt.build_routes()
+
+
+def _over_time_budget(rt: RunnerRuntime, bucket: Bucket) -> bool:
+    """Leave ``bucket`` out (True) when capture has used up ``rt.capture_time_budget``."""
+    budget = rt.capture_time_budget
+    if budget is None or rt.capture_seconds < budget:
+        return False
+    disable_bucket(rt, bucket, "over_time_budget",
+                   f"left out by capture_time_budget={budget} s: {rt.capture_seconds:.2f} s "
+                   f"already spent capturing", None, raise_strict=False)
+    return True
+
+
+@contextlib.contextmanager
+def _gc_off() -> Iterator[None]:
+    """GC off during capture (vLLM and SGLang freeze it): a collection mid-capture costs time
+    and can run finalizers of tensors in the middle of a capture. No gc.collect() first: with
+    torch imported one full collection takes ~0.5 s on a 2-core CPU, longer than capturing a
+    small ladder."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _capture_one(rt: RunnerRuntime, bucket: Bucket, undo_warmup: bool = False) -> None:
+    t_start = time.perf_counter()
+    try:
+        _warm_and_capture(rt, bucket, undo_warmup)
+    finally:
+        rt.capture_seconds += time.perf_counter() - t_start
+        bucket.captured_at_call = rt.calls_served()
+
+
+def _warm_and_capture(rt: RunnerRuntime, bucket: Bucket, undo_warmup: bool) -> None:
     b = bucket.size
     for s, x in zip(rt.inputs, rt.examples):
         s.fill_bucket(x, b)
@@ -83,12 +141,16 @@ def _capture_one(rt: RunnerRuntime, bucket: Bucket) -> None:
     spec = backend.device_spec(rt.device)
     # Warm-up on the stream capture will use (per-stream library handles, e.g. hipBLASLt, must
     # exist before capture): workspaces, lazy init, algorithm choice.
+    undo = UndoLog() if undo_warmup else contextlib.nullcontext()
     try:
-        with torch.no_grad(), backend.stream_context(backend.capture_stream(spec)):
+        with torch.no_grad(), backend.stream_context(backend.capture_stream(spec)), undo:
             warm = rt.fn(*args, **kwargs)
     except (OutOfMemoryError, torch.OutOfMemoryError, MemoryError) as exc:
         disable_bucket(rt, bucket, "failed", f"eager warm-up ran out of memory: {reason_of(exc)}", exc)
         return
+    finally:
+        if isinstance(undo, UndoLog):
+            undo.restore()
     _check_outputs(rt, warm, b)
     del warm
     backend.synchronize(spec)
@@ -125,7 +187,7 @@ def _capture_one(rt: RunnerRuntime, bucket: Bucket) -> None:
     bucket.out_leaves = leaves
     bucket.replay = g.replay
     bucket.status = "captured"
-    bucket.ready = not rt.verify
+    bucket.ready = rt.verify == 0
 
 
 def _check_outputs(rt: RunnerRuntime, out: Any, b: int) -> None:

@@ -52,13 +52,17 @@ def stats(rt: RunnerRuntime) -> dict[str, Any]:
     for b in rt.buckets:
         per.append({"bucket": b.size, "status": b.status, "replays": b.replays,
                     "live_rows": b.live_rows, "padded_rows": b.replays * b.size - b.live_rows,
-                    "verified": b.verified})
+                    "verified": b.verified, "capture_ms": b.capture_ms,
+                    "captured_at_call": b.captured_at_call})
         live += b.live_rows
         padded += b.replays * b.size - b.live_rows
     graph_calls = sum(b.replays for b in rt.buckets)
     return {
         "schema": STATS_SCHEMA,
         "calls": graph_calls + rt.eager_calls,  # served calls (refused ones not counted)
+        "capture_mode": rt.capture_mode,
+        "capture_seconds": rt.capture_seconds,
+        "captured_buckets": [b.size for b in rt.buckets if b.status == "captured"],
         "graph_calls": graph_calls,
         "eager_calls": rt.eager_calls,
         "eager_fallbacks": [{"reason": r, "count": c} for r, c in rt.fallbacks.most_common()],
