@@ -18,10 +18,11 @@ import torch.utils._pytree as pytree
 from ..errors import AccelGraphError, CaptureError, ConfigError, OutOfMemoryError
 from ..frontend import Graph, graph
 from .runtime import Bucket, RunnerRuntime
+from .state import state_tensors
 from .support import broadcast_outputs, progress_bar, reason_of
 from .verify import UndoLog
 
-__all__ = ["capture_buckets", "capture_lazily", "disable_bucket"]
+__all__ = ["capture_buckets", "capture_lazily", "disable_bucket", "output_region_bytes"]
 
 log = logging.getLogger("accel_graph")
 
@@ -152,13 +153,19 @@ def _warm_and_capture(rt: RunnerRuntime, bucket: Bucket, undo_warmup: bool) -> N
         if isinstance(undo, UndoLog):
             undo.restore()
     _check_outputs(rt, warm, b)
-    del warm
+    warm_leaves, warm_spec = pytree.tree_flatten(warm)
+    warm_shapes = [(x.shape, x.dtype) for x in warm_leaves]
+    del warm, warm_leaves
     backend.synchronize(spec)
     g = Graph(device=rt.device, pool=rt.pool, compile=rt.compile)
     t0 = time.perf_counter()
+    region = _region_for(rt, warm_spec, warm_shapes, b)
     try:
         with torch.no_grad(), graph(g, pool=rt.pool):
             out = rt.fn(*args, **kwargs)
+            if region is not None:  # write the outputs into the shared region, in the graph
+                for dst, src in zip(region, pytree.tree_leaves(out)):
+                    dst.copy_(src)
     except _BUCKET_FAILURES as exc:
         disable_bucket(rt, bucket, "failed", f"capture failed: {reason_of(exc)}", exc)
         return
@@ -184,10 +191,74 @@ def _warm_and_capture(rt: RunnerRuntime, bucket: Bucket, undo_warmup: bool) -> N
     if rt.out_spec is None:
         rt.out_spec = out_spec
         rt.out_dims = broadcast_outputs(rt.output_batch_dim, out_spec)
+    bucket.output_bytes = sum(x.numel() * x.element_size() for x in leaves)
+    if region is not None:
+        leaves = region  # the graph copied its outputs there; its own die with ``out``
+    elif rt.share_outputs and rt.output_region is None and not _aliases_inputs(rt, leaves):
+        rt.output_region = leaves  # the first bucket captured owns the region
+    del out
     bucket.out_leaves = leaves
     bucket.replay = g.replay
     bucket.status = "captured"
     bucket.ready = rt.verify == 0
+
+
+def _aliases_inputs(rt: RunnerRuntime, leaves: list[torch.Tensor]) -> bool:
+    """Whether an output is (a view of) a static input or per-bucket state: such memory must
+    never become the shared region, or smaller buckets would write their outputs into it."""
+    assert rt.states is not None
+    held = {s.static.untyped_storage().data_ptr() for s in rt.inputs}
+    for obj in rt.states.built.values():
+        held.update(t.untyped_storage().data_ptr() for t in state_tensors(obj))
+    hit = [k for k, x in enumerate(leaves) if x.untyped_storage().data_ptr() in held]
+    if hit:
+        log.warning("GraphRunner: share_outputs is off: outputs %s are views of static inputs "
+                    "or per-bucket state, not graph memory", hit)
+        rt.share_outputs = False
+    return bool(hit)
+
+
+def _region_for(rt: RunnerRuntime, spec: Any, shapes: list[tuple[torch.Size, torch.dtype]],
+                b: int) -> list[torch.Tensor] | None:
+    """Views of the shared output region for bucket ``b``'s outputs (``share_outputs``), or
+    None: sharing is off, no region exists yet (this bucket will own it), or the region cannot
+    hold these outputs (a larger bucket captured after a smaller one, or outputs whose
+    non-batch shape depends on the bucket), which then keep their own memory."""
+    region = rt.output_region
+    if region is None or spec != rt.out_spec:
+        return None
+    views = []
+    for x, d, (shape, dtype) in zip(region, rt.out_dims, shapes):
+        v = x if d is None else (x.narrow(d, 0, b) if x.shape[d] >= b else None)
+        if v is None or v.shape != shape or v.dtype != dtype:
+            return None
+        views.append(v)
+    return views
+
+
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    """[first byte, one past the last byte) of the memory ``t`` covers (0, 0 when empty)."""
+    if t.numel() == 0:
+        return (0, 0)
+    start = t.data_ptr()
+    last = sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
+    return start, start + (last + 1) * t.element_size()
+
+
+def output_region_bytes(rt: RunnerRuntime) -> int:
+    """Bytes of memory the serving buckets' outputs cover together (overlaps counted once)."""
+    spans = sorted(_span(x) for b in rt.buckets if b.replay is not None for x in b.out_leaves)
+    total, end = 0, -1
+    for lo, hi in spans:
+        if hi <= lo:
+            continue
+        if lo >= end:
+            total += hi - lo
+            end = hi
+        elif hi > end:
+            total += hi - end
+            end = hi
+    return total
 
 
 def _check_outputs(rt: RunnerRuntime, out: Any, b: int) -> None:

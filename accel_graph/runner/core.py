@@ -26,6 +26,7 @@ from ..errors import ConfigError
 from ..frontend import Graph
 from .buckets import default_ladder, validate_ladder
 from .capture import capture_buckets, capture_lazily, disable_bucket
+from .debug import debug_call
 from .fallback import FALLBACKS, load_static, narrow_outputs, run_eagerly
 from .inputs import InputSpec, broadcast, leaf_names
 from .reports import memory_report, stats
@@ -103,6 +104,16 @@ class GraphRunner:
             ``"lazy"`` (each bucket is captured on its first call; ``capture()`` is optional).
         capture_time_budget: seconds all captures together may take; buckets not captured
             when it is spent are left out (status ``over_time_budget``) and run as fallback.
+        share_outputs: every bucket's graph writes its outputs into one region, the largest
+            captured bucket's outputs (a copy at the end of each smaller graph; each graph's
+            own output memory returns to the pool), so output memory is that of the largest
+            bucket, not the sum over buckets. Returned views then stay valid only until the
+            next call of *any* bucket (without it: of the same bucket). With lazy capture the
+            region is the first bucket captured; larger ones keep their own outputs.
+        debug: check the outputs contract: outputs returned by a call must be unchanged when
+            the next call starts (else something else wrote into them: another runner in the
+            same pool, or the caller), warned and counted in ``stats()``; then they are
+            NaN-filled, so code that still reads them after the next call sees NaN.
 
     Calls run under ``torch.no_grad()``; ``capture()`` runs ``fn`` eagerly once per bucket
     (warm-up), so state ``fn`` mutates is touched then. Not thread-safe: one caller at a time.
@@ -136,6 +147,8 @@ class GraphRunner:
         fallback: str = "padded",
         capture: str = "eager",
         capture_time_budget: float | None = None,
+        share_outputs: bool = False,
+        debug: bool = False,
     ) -> None:
         if not callable(fn):
             raise ConfigError(f"fn must be callable, got {type(fn).__name__}")
@@ -210,6 +223,8 @@ class GraphRunner:
             fallback=fallback,
             capture_mode=capture,
             capture_time_budget=None if capture_time_budget is None else float(capture_time_budget),
+            share_outputs=bool(share_outputs),
+            debug=bool(debug),
         )
 
     @property
@@ -261,6 +276,12 @@ class GraphRunner:
         if torch.is_grad_enabled():
             with torch.no_grad():
                 return self(*args, **kwargs)
+        rt = self._runtime
+        if rt.debug:
+            return debug_call(rt, self._serve, args, kwargs)
+        return self._serve(args, kwargs)
+
+    def _serve(self, args: tuple, kwargs: dict) -> Any:
         rt = self._runtime
         if kwargs or not rt.flat_args:
             if kwargs.keys() != rt.kw_order.keys():

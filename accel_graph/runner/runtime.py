@@ -53,6 +53,7 @@ class Bucket:
     live_rows: int = 0  # rows of real work in those calls (stats counter)
     verify_diff: str | None = None  # the mismatch that disabled it
     captured_at_call: int | None = None  # calls served before its capture (0: before serving)
+    output_bytes: int | None = None  # bytes of its static outputs
 
 
 @dataclass(eq=False, slots=True)
@@ -116,6 +117,16 @@ class RunnerRuntime:
     #: Seconds lazy capture may spend in all (None: no limit); buckets not captured when it is
     #: spent run as fallback.
     capture_time_budget: float | None = None
+    #: Buckets' outputs share one region, sized by the first bucket captured.
+    share_outputs: bool = False
+    #: The shared output region (the first captured bucket's static outputs, flattened).
+    output_region: list[torch.Tensor] | None = None
+    #: Debug mode: warn when a call's outputs are still referenced at the next call.
+    debug: bool = False
+    #: Weak references to the outputs returned by the last call (debug mode only).
+    last_returned: list[Any] = field(default_factory=list)
+    #: Calls at which outputs of the previous call were still referenced (debug mode).
+    stale_output_warnings: int = 0
 
     #: The largest bucket, ``ladder[-1]`` (a field: the hot path reads it every call).
     max_bucket: int = field(init=False)
