@@ -26,9 +26,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
+from torch._ops import HigherOrderOperator
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from .backends.recorder.control_flow import SUPPORTED, undo_dynamo_skip
 from .backends.recorder.ops import illegal_reason
 from .backends.recorder.plan import user_frame
 from .backends.recorder.pytree import tree_flatten
@@ -113,12 +115,17 @@ class CapturabilityReport:
 
 
 class _DispatchFlagger(TorchDispatchMode):
+    #: torch.cond / torch.while_loop arrive whole: their bodies are run with the flagger on.
+    supports_higher_order_operators = True
+
     def __init__(self, report: CapturabilityReport, target: str | None) -> None:
         super().__init__()
         self.report, self.target = report, target
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: D401
         kwargs = kwargs or {}
+        if isinstance(func, HigherOrderOperator):
+            return self._higher_order(func, args, kwargs)
         self.report.ops_seen += 1
         reason = illegal_reason(func, args, kwargs)
         if reason is None and self.target is not None:
@@ -126,6 +133,49 @@ class _DispatchFlagger(TorchDispatchMode):
         if reason is not None:
             self.report.findings.append(Finding(str(func), reason, user_frame()))
         return func(*args, **kwargs)  # keep going: the point is to find every one
+
+
+    def _higher_order(self, func: HigherOrderOperator, args: tuple, kwargs: dict) -> Any:
+        """Run a higher-order operator as eager would, with its bodies flagged. Predicates are
+        read here, with the flagger off: capture reads them at replay, not on the host."""
+        try:
+            return self._run_higher_order(func, args, kwargs)
+        finally:
+            undo_dynamo_skip()
+
+    def _run_higher_order(self, func: HigherOrderOperator, args: tuple, kwargs: dict) -> Any:
+        name = func.name()
+        if name == "cond":
+            pred, true_fn, false_fn, operands = args
+            taken = true_fn if _host_bool(pred) else false_fn
+            with self:  # only the branch taken runs (as everything here runs on real data)
+                return taken(*operands)
+        if name == "while_loop":
+            cond_fn, body_fn, carried, *rest = args
+            extra = tuple(rest[0]) if rest else ()
+            carried = tuple(carried)
+            while True:
+                with self:
+                    pred = cond_fn(*carried, *extra)
+                if not _host_bool(pred):
+                    return carried
+                with self:
+                    carried = tuple(body_fn(*carried, *extra))
+        self.report.findings.append(Finding(
+            name, f"higher-order operator {name} is not supported during graph capture (the "
+            f"recorder captures {', '.join(SUPPORTED)})", user_frame()))
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        with _disable_current_modes():
+            return func(*args, **kwargs)
+
+
+def _host_bool(pred: Any) -> bool:
+    """A predicate's value, read with every dispatch mode off (capture reads it at replay)."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes():
+        return bool(pred)
 
 
 def _host_mix(func: Any, args: tuple, kwargs: dict, target: str) -> str | None:

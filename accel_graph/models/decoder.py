@@ -194,6 +194,42 @@ class Decoder(nn.Module):
             x = layer(x, cos, sin, rows, positions, masked)
         return F.linear(_rms_norm(x, self.final_norm, self.eps), self.lm_head)
 
+    def decode_steps(self, tokens: Tensor, positions: Tensor, *, steps: int,
+                     eos_id: int | None = None) -> tuple[Tensor, Tensor]:
+        """Up to ``steps`` greedy decode steps in one ``torch.while_loop``; capturable.
+
+        Starts from ``tokens``/``positions`` (int64 ``[B]``, as :meth:`decode_step`), feeds each
+        greedy token back at the next position, and returns ``(new_tokens [B, steps], count)``:
+        ``new_tokens[:, k]`` is the token chosen at step ``k`` (rows stopped at ``eos_id`` repeat
+        it; columns at ``count`` and after are untouched, -1), ``count`` (int64 0-dim) how many
+        steps ran. The loop stops after ``steps`` steps or as soon as every row has produced
+        ``eos_id``: the condition is read on the device at replay, so a captured multi-step
+        graph stops early without a host round trip per token. ``steps`` is the termination
+        bound and must be a positive int.
+        """
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise ValueError(f"decode_steps needs steps= a positive int (the loop's bound), got {steps!r}")
+        from torch._higher_order_ops import while_loop
+
+        b, dev = tokens.shape[0], tokens.device
+        eos = torch.full((), -1 if eos_id is None else int(eos_id), dtype=torch.int64, device=dev)
+        columns = torch.arange(steps, device=dev)
+
+        def cond(i: Tensor, tok: Tensor, pos: Tensor, out: Tensor, done: Tensor) -> Tensor:
+            return (i < steps) & done.logical_not().any()
+
+        def body(i: Tensor, tok: Tensor, pos: Tensor, out: Tensor, done: Tensor) -> tuple[Tensor, ...]:
+            nxt = self.decode_step(tok, pos).argmax(dim=-1)
+            nxt = torch.where(done, tok, nxt)  # finished rows keep their EOS
+            out = torch.where(columns.unsqueeze(0) == i, nxt.unsqueeze(1), out)
+            return i + 1, nxt, pos + 1, out, done | (nxt == eos)
+
+        init = (torch.zeros((), dtype=torch.int64, device=dev), tokens.clone(), positions.clone(),
+                torch.full((b, steps), -1, dtype=torch.int64, device=dev),
+                torch.zeros(b, dtype=torch.bool, device=dev))
+        i, _, _, out, _ = while_loop(cond, body, init)
+        return out, i
+
     def forward(self, tokens: Tensor, positions: Tensor) -> Tensor:
         """Same as :meth:`decode_step`."""
         return self.decode_step(tokens, positions)

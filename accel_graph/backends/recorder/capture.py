@@ -31,12 +31,16 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ...errors import CaptureError
 from . import ops as opinfo
+from .control_flow import register_rules
 from .plan import FUNCTIONAL, MUTATE, VIEW, Plan, plan_for
 from .pool_protocol import GraphPool, PoolEvent, PoolRef
 from .pytree import first_tensor, tree_flatten, tree_map
 
 _tls = threading.local()
 _LIFT_FRESH = torch.ops.aten.lift_fresh.default
+#: The operator a control-flow step stands for (for dumps and error messages).
+_CONTROL_OPS: dict[str, Any] = {"cond": torch.ops.higher_order.cond,
+                                "while": torch.ops.higher_order.while_loop}
 _Tensor = torch.Tensor
 
 
@@ -169,6 +173,7 @@ class Capture:
     def begin(self) -> None:
         """Start recording the calling thread's ops into the pool. Raises what the pool's
         ``begin_capture`` raises (nothing changed then)."""
+        register_rules(_RecordingMode)  # torch.cond / torch.while_loop (once per process)
         self.pool.begin_capture(self.events)
         self._listening = True
         self.thread = threading.current_thread()
@@ -284,6 +289,28 @@ class Capture:
         # now, exactly as in eager, and touch no data; pure metadata queries (METADATA_OPS;
         # illegal ones are refused when planning): run, record nothing (RUN).
         return func(*args, **kwargs)
+
+    # -- control flow (control_flow.py) ------------------------------------------------
+    def allocate_output(self, shape: Any, stride: Any, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """A pool tensor booked as an output of this capture (what a functional op's result
+        gets), contents undefined until a recorded step writes it."""
+        t = self.pool.allocate(shape, stride, dtype, device)
+        key = self.events[-1][1]
+        ref = self.pool.ref(t)
+        self.refs[key] = ref
+        self._locs[id(t)] = (weakref.ref(t), t.data_ptr(), t.shape, t.stride(), t.dtype, ref)
+        if self.poison:
+            _poison(t)
+        return t
+
+    def frozen_arg(self, x: Any) -> Any:
+        """``x`` as a step argument: pool tensors as locations, other tensors noted as inputs."""
+        return self._frozen(x, True)
+
+    def record_control(self, kind: str, extra: tuple) -> None:
+        """Append a control-flow step (``"cond"`` or ``"while"``; ``extra`` holds the
+        predicate and the sub-programs, see :mod:`.control_flow`)."""
+        self.steps.append(Step(_CONTROL_OPS[kind], kind, (), {}, (), None, extra))
 
     def _record_constant(self, const: torch.Tensor) -> torch.Tensor:
         """``torch.tensor(data)`` inside capture: pool memory refilled from a private copy.

@@ -153,6 +153,11 @@ def build_fx(steps: list[Step], outputs: list[PoolRef]) -> tuple[fx.Graph, list[
         return x
 
     for step in steps:
+        if step.kind in ("cond", "while"):
+            raise CompileUnsupported(
+                f"control flow ({step.func}) is replayed by the interpreter: its predicate is read "
+                f"on the host at replay, which the compiled program does not do yet"
+            )
         args = tree_map(arg, step.args)
         kwargs = tree_map(arg, step.kwargs)
         if step.kind == "mutate":

@@ -21,8 +21,9 @@ aten = torch.ops.aten
 
 _HOST_READ_FIX = (
     "it reads a tensor value on the host, which a device graph cannot do. Keep the value on "
-    "the device (torch.where, masks, clamp) instead of branching in Python, or move the read "
-    "out of the captured region"
+    "the device (torch.where, masks, clamp) instead of branching in Python, branch with "
+    "torch.cond / loop with torch.while_loop (captured with their predicate read at replay), "
+    "or move the read out of the captured region"
 )
 
 #: Ops refused by name, with the fix to suggest. Keys are overload-packet names.

@@ -57,8 +57,19 @@ class _Emitter:
 
 
 def replayed(steps: list[Step]) -> int:
-    """Number of steps interpreted replay actually runs (views run only at capture)."""
-    return sum(1 for s in steps if s.kind not in ("view", "none"))
+    """Number of steps interpreted replay actually runs (views run only at capture); a
+    control-flow step counts as one plus the steps of its sub-programs."""
+    n = 0
+    for s in steps:
+        if s.kind in CONTROL_KINDS:
+            n += 1 + sum(replayed(sub) for sub in s.extra[1:])
+        elif s.kind not in ("view", "none"):
+            n += 1
+    return n
+
+
+#: Step kinds whose ``extra`` is ``(predicate, sub-program, sub-program)`` (control_flow.py).
+CONTROL_KINDS = ("cond", "while")
 
 
 def allocates_at_replay(step: Step) -> bool:
@@ -67,16 +78,25 @@ def allocates_at_replay(step: Step) -> bool:
 
 def materialize(steps: list[Step], pool: GraphPool) -> list[Step]:
     """``steps`` with every pool location turned into a tensor over the pool's memory."""
-    cache: dict[PoolRef, torch.Tensor] = {}
+    return _materialized_steps(steps, pool, {})
+
+
+def _materialized_steps(steps: list[Step], pool: GraphPool, cache: dict[PoolRef, torch.Tensor]) -> list[Step]:
     # Steps that replay runs nothing for (views, empty factories) need no tensors.
-    return [
-        Step(s.func, s.kind, _materialized(s.args, pool, cache),
-             _materialized(s.kwargs, pool, cache) if s.kwargs else {},
-             tuple([_materialized(o, pool, cache) for o in s.outputs]), s.strategy,
-             _materialized(s.extra, pool, cache), s.positions)
-        for s in steps
-        if s.kind not in ("view", "none")
-    ]
+    out = []
+    for s in steps:
+        if s.kind in ("view", "none"):
+            continue
+        if s.kind in CONTROL_KINDS:
+            pred, *subs = s.extra
+            extra = (_materialized(pred, pool, cache), *[_materialized_steps(x, pool, cache) for x in subs])
+        else:
+            extra = _materialized(s.extra, pool, cache)
+        out.append(Step(s.func, s.kind, _materialized(s.args, pool, cache),
+                        _materialized(s.kwargs, pool, cache) if s.kwargs else {},
+                        tuple([_materialized(o, pool, cache) for o in s.outputs]), s.strategy,
+                        extra, s.positions))
+    return out
 
 
 def _materialized(x: Any, pool: GraphPool, cache: dict[PoolRef, torch.Tensor]) -> Any:
@@ -165,10 +185,33 @@ def _emit_step(em: _Emitter, step: Step) -> None:
             em.ns["_Tensor"] = torch.Tensor
             for i, out in enumerate(step.outputs):
                 em.lines.append(f"    {em.bind(_COPY)}({em.bind(out)}, r[{i}])")
+    elif kind == "cond":
+        pred, true_steps, false_steps = step.extra
+        em.call(_run_cond, (pred, build_replay(true_steps, []), build_replay(false_steps, [])), {})
+    elif kind == "while":
+        pred, cond_steps, body_steps = step.extra
+        em.call(_run_while, (pred, build_replay(cond_steps, []), build_replay(body_steps, [])), {})
     elif kind in ("none", "view"):
         return  # nothing runs: contents undefined (empty), or an alias made at capture (view)
     else:  # pragma: no cover - a kind added to ops.Strategy must be handled here
         raise AssertionError(f"unknown step kind {kind}")
+
+
+def _run_cond(pred: torch.Tensor, if_true: Callable[[], None], if_false: Callable[[], None]) -> None:
+    """torch.cond at replay: the predicate is read now, from the tensor the program wrote."""
+    if pred.item():
+        if_true()
+    else:
+        if_false()
+
+
+def _run_while(pred: torch.Tensor, cond: Callable[[], None], body: Callable[[], None]) -> None:
+    """torch.while_loop at replay: run ``cond``'s program, read its predicate, run the body
+    (which copies its results into the carry buffers), until the predicate is false."""
+    cond()
+    while pred.item():
+        body()
+        cond()
 
 
 def _is_zero(value: Any) -> bool:

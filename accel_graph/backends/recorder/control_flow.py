@@ -1,0 +1,243 @@
+"""Control flow inside a recorder capture: ``torch.cond`` and ``torch.while_loop``.
+
+Both are higher-order operators: a rule registered for the recording mode's class
+(``HigherOrderOperator.py_impl``) receives them whole (the predicate tensor and the Python
+functions) instead of torch running them on the host. The rules are wrapped to run outside
+TorchDynamo: eager ``torch.cond`` calls its operator inside ``torch.compile``, whose frame
+evaluation would otherwise try to trace the recorder itself. Each branch or body is recorded once, by the same recording mode and
+with the same rules as the outer capture (pool memory, views, illegal ops, inputs by
+reference), into a sub-program of its own; replay evaluates the predicate from the tensor at
+replay time. So a replay with other data takes the other branch, or runs another number of
+iterations, exactly as eager would.
+
+- ``cond(pred, true_fn, false_fn, operands)``: the outputs are fresh pool tensors; each branch's
+  sub-program ends by copying its results into them.
+- ``while_loop(cond_fn, body_fn, carried, additional)``: the carried values live in static pool
+  buffers, filled from the initial values by the outer program. ``cond_fn`` is a sub-program
+  whose one-element result decides; ``body_fn`` is a sub-program whose results are copied back
+  into the buffers (through temporaries when a result aliases a buffer, so a body that swaps or
+  reads and writes the same carry sees the old values: double buffering). The buffers are the
+  loop's outputs.
+
+Nesting works: a branch or body calling ``torch.cond``/``torch.while_loop`` records a nested
+step. Other higher-order operators have no rule for the recording mode: torch refuses them
+(``NotImplementedError``) as before.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch._ops import HigherOrderOperator
+
+from ...errors import CaptureError
+from .pytree import tree_flatten, tree_map
+
+if TYPE_CHECKING:
+    from .capture import Capture
+
+__all__ = ["SUPPORTED", "record_higher_order", "register_rules", "undo_dynamo_skip"]
+
+#: Higher-order operators the recorder captures, by ``HigherOrderOperator.name()``.
+SUPPORTED = ("cond", "while_loop")
+
+_FIX = ("Inside a capture the recorder supports torch.cond and torch.while_loop; run this "
+        "operator outside the captured region")
+
+
+_registered: set[type] = set()
+
+
+def register_rules(mode_cls: type) -> None:
+    """Register the recorder's rules for torch.cond and torch.while_loop on ``mode_cls``
+    (idempotent; the first capture of the process does it)."""
+    if mode_cls in _registered:
+        return
+    for name in SUPPORTED:
+        op = getattr(torch.ops.higher_order, name, None)
+        if op is None:  # pragma: no cover - every supported torch has both
+            continue
+        op.py_impl(mode_cls)(torch._disable_dynamo(functools.partial(_rule, op)))
+    _registered.add(mode_cls)
+
+
+def _rule(op: HigherOrderOperator, mode: Any, *args: Any, **kwargs: Any) -> Any:
+    """The rule torch calls for ``op`` under a recording mode."""
+    try:
+        cap = mode.capture
+        if cap is None or cap.over is not None:  # a capture that is over passes ops through
+            from torch.utils._python_dispatch import _disable_current_modes
+
+            with _disable_current_modes():
+                return op(*args, **kwargs)
+        try:
+            return record_higher_order(cap, op, args, kwargs)
+        except CaptureError as exc:
+            cap.invalidate(op, exc)
+            raise
+    finally:
+        undo_dynamo_skip()
+
+
+#: The wrappers eager torch.cond / torch.while_loop hand to torch.compile, by module and
+#: enclosing function.
+_EAGER_WRAPPERS = (("torch._higher_order_ops.cond", "cond", "_cond_op_wrapper"),
+                   ("torch._higher_order_ops.while_loop", "while_loop", "_while_loop_op_wrapper"))
+
+
+def undo_dynamo_skip() -> None:
+    """Let eager ``torch.cond``/``torch.while_loop`` compile again after one ran under a mode.
+
+    Eager torch.cond runs its operator inside ``torch.compile``; under a user dispatch mode
+    TorchDynamo skips that frame (pytorch#163013) and caches the skip on the wrapper's code
+    object, after which every eager torch.cond of the process fails with ``Unsupported``. This
+    resets the wrappers' code to the default strategy. Feature-detected: does nothing where the
+    torch build lacks these internals.
+    """
+    import sys
+    import types
+
+    dynamo = sys.modules.get("torch._dynamo.eval_frame")
+    dtypes = sys.modules.get("torch._dynamo.types")
+    if dynamo is None or dtypes is None:
+        return
+    try:
+        default = dtypes.FrameExecStrategy(dtypes.FrameAction.DEFAULT, dtypes.FrameAction.DEFAULT)
+        for module, func, wrapper in _EAGER_WRAPPERS:
+            fn = getattr(sys.modules.get(module), func, None)
+            for const in getattr(getattr(fn, "__code__", None), "co_consts", ()):
+                if isinstance(const, types.CodeType) and const.co_name == wrapper:
+                    dynamo.set_code_exec_strategy(const, default)
+    except (AttributeError, TypeError):  # pragma: no cover - other torch internals
+        return
+
+
+def record_higher_order(cap: Capture, func: HigherOrderOperator, args: tuple, kwargs: dict) -> Any:
+    """Record one higher-order operator called inside ``cap``; returns what eager would."""
+    name = func.name()
+    if name == "cond":
+        return _record_cond(cap, *args, **kwargs)
+    if name == "while_loop":
+        return _record_while(cap, *args, **kwargs)
+    raise CaptureError(f"higher-order operator {name} is not supported during graph capture. {_FIX}")
+
+
+def _check_pred(pred: Any, what: str) -> None:
+    """torch's rule: a predicate is a one-element bool (or integer) tensor."""
+    if not isinstance(pred, torch.Tensor):
+        raise CaptureError(
+            f"{what} must be a tensor with one element (bool), got {type(pred).__name__}; a "
+            f"Python bool picks the branch at capture, which torch.cond does without a graph"
+        )
+    if pred.numel() != 1 or not (pred.dtype == torch.bool or not pred.is_floating_point()):
+        raise CaptureError(
+            f"{what} must be a one-element bool tensor, got {pred.dtype} of shape "
+            f"{tuple(pred.shape)} (torch.cond requires a single boolean)"
+        )
+
+
+def _tensors(out: Any, what: str) -> list[torch.Tensor]:
+    leaves = tree_flatten(out)[0]
+    bad = [x for x in leaves if not isinstance(x, torch.Tensor)]
+    if bad:
+        raise CaptureError(f"{what} returned {type(bad[0]).__name__}; its outputs must be tensors")
+    return leaves
+
+
+def _same_meta(a: list[torch.Tensor], b: list[torch.Tensor], what: str) -> None:
+    if len(a) != len(b):
+        raise CaptureError(f"{what}: {len(a)} outputs then {len(b)}; both must return the same number")
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x.shape != y.shape or x.dtype != y.dtype or x.device != y.device:
+            raise CaptureError(
+                f"{what}: output {i} is {x.dtype}{list(x.shape)} on {x.device} in one and "
+                f"{y.dtype}{list(y.shape)} on {y.device} in the other; torch.cond and "
+                f"torch.while_loop require the same shape, dtype and device"
+            )
+
+
+def _record_sub(cap: Capture, fn: Any, operands: tuple) -> tuple[list, Any]:
+    """Record ``fn(*operands)`` into a new step list; returns (steps, result)."""
+    outer = cap.steps
+    cap.steps = []
+    try:
+        with cap.mode:  # the handler runs with the mode popped: push it back for the body
+            result = fn(*operands)
+        return cap.steps, result
+    finally:
+        sub = cap.steps
+        cap.steps = outer
+        del sub
+
+
+def _fresh_like(cap: Capture, t: torch.Tensor) -> torch.Tensor:
+    """A pool tensor with ``t``'s shape, dtype and device (and its strides where they are dense
+    and non-overlapping, as ``empty_like``), booked as an output of the capture."""
+    stride = torch.empty_like(t, device="meta").stride()
+    return cap.allocate_output(t.shape, stride, t.dtype, t.device)
+
+
+def _record_cond(cap: Capture, pred: Any, true_fn: Any, false_fn: Any, operands: Any) -> Any:
+    _check_pred(pred, "torch.cond's predicate")
+    operands = tuple(operands)
+    common: list[torch.Tensor] = []  # the outputs, made by the true branch's recording
+    firsts: list[torch.Tensor] = []
+
+    def into_common(fn: Any, what: str) -> Any:
+        def branch(*ops: Any) -> Any:
+            out = fn(*ops)
+            leaves = _tensors(out, what)
+            if not common:
+                # Fresh pool memory, so that neither branch's results (which may be views of
+                # operands) are what the caller holds.
+                common.extend(_fresh_like(cap, t) for t in leaves)
+                firsts.extend(leaves)
+            else:
+                _same_meta(firsts, leaves, "torch.cond's branches")
+            for dst, src in zip(common, leaves):
+                dst.copy_(src)  # recorded: the branch's last steps
+            return out
+        return branch
+
+    true_steps, true_out = _record_sub(cap, into_common(true_fn, "torch.cond's true_fn"), operands)
+    false_steps, _ = _record_sub(cap, into_common(false_fn, "torch.cond's false_fn"), operands)
+    firsts.clear()
+    cap.record_control("cond", (cap.frozen_arg(pred), true_steps, false_steps))
+    it = iter(common)
+    return tree_map(lambda _: next(it), true_out)
+
+
+def _record_while(cap: Capture, cond_fn: Any, body_fn: Any, carried: Any,
+                  additional: Any = ()) -> Any:
+    carried, additional = tuple(carried), tuple(additional)
+    bad = [type(c).__name__ for c in carried if not isinstance(c, torch.Tensor)]
+    if bad:
+        raise CaptureError(
+            f"torch.while_loop's carried_inputs must be tensors inside a capture, got {bad[0]}; "
+            f"a Python number would be frozen at its capture value"
+        )
+    # Static carry buffers, filled from the initial values by the outer program.
+    buffers = [_fresh_like(cap, c) for c in carried]
+    with cap.mode:
+        for b, c in zip(buffers, carried):
+            b.copy_(c)
+    held = {b.untyped_storage()._cdata for b in buffers}
+
+    def body(*ops: Any) -> Any:
+        new = _tensors(body_fn(*ops), "torch.while_loop's body_fn")
+        _same_meta(buffers, new, "torch.while_loop's carried values and body_fn's results")
+        # Double buffering: a result over a carry buffer (returned as is, swapped, a view) is
+        # copied out before any buffer is overwritten.
+        staged = [n.clone() if n.untyped_storage()._cdata in held else n for n in new]
+        for b, n in zip(buffers, staged):
+            b.copy_(n)
+        return None
+
+    operands = (*buffers, *additional)
+    cond_steps, pred = _record_sub(cap, cond_fn, operands)
+    _check_pred(pred, "torch.while_loop's cond_fn result")
+    body_steps, _ = _record_sub(cap, body, operands)
+    cap.record_control("while", (cap.frozen_arg(pred), cond_steps, body_steps))
+    return tuple(buffers)
