@@ -44,3 +44,25 @@ def reserved_delta(events: np.ndarray) -> np.ndarray:
     act = events["action"]
     size = events["size"].astype(np.int64)
     return np.where(np.isin(act, GROW_ACTIONS), size, 0) - np.where(np.isin(act, SHRINK_ACTIONS), size, 0)
+
+
+def recording_peak(start: int, events: np.ndarray) -> tuple[int, int]:
+    """The peak reserved that the recording itself produced, and its state (after that many
+    events): the highest reserved right after a growth event (segment_alloc / segment_map).
+
+    The whole-trace peak (``max(start, ...)``) includes the start state, which a recording that
+    begins with a full cache inherits from before it (a benchmark's earlier calls, then
+    ``empty_cache`` right after recording starts): there every setting gives the same
+    whole-trace peak. A trace without growth events produced no reserved memory of its own; its
+    peak is the highest reserved after its first event (the start when it has none, state 0).
+    """
+    d = reserved_delta(events)
+    if not len(d):
+        return int(start), 0
+    res = start + np.cumsum(d)
+    grow = np.flatnonzero(np.isin(events["action"], GROW_ACTIONS))
+    if len(grow):
+        i = int(grow[np.argmax(res[grow])])
+    else:
+        i = int(np.argmax(res))
+    return int(res[i]), i + 1
