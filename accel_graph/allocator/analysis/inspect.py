@@ -206,6 +206,21 @@ def inspect_trace(trace: Any, device: int = 0, top: int = 10) -> dict[str, Any]:
 
     # -- sites ---------------------------------------------------------------------------------
     sites, sites_note = held_by_site(trace, ev, pairs, req, layout, top)
+    rec_peak, rec_state = recording_peak(start_reserved, ev)
+    if rec_state:  # the growth event precedes its alloc: on the plateau it starts, the fullest
+        run = np.flatnonzero(reserved[rec_state:] != rec_peak)
+        end = rec_state + (int(run[0]) if len(run) else n + 1 - rec_state)
+        rec_state += int(np.argmax(requested[rec_state:end]))
+    at_rec: dict[str, Any] = {"state": rec_state, "after_event_index": rec_state - 1,
+                              "reserved": int(reserved[rec_state]),
+                              "requested": int(requested[rec_state]),
+                              "same_as_at_peak": rec_state == k}
+    if rec_state != k and top and not sites_note:
+        # the whole-trace peak is elsewhere (the inherited start state, say): who holds the
+        # bytes at the recording's own peak is what the recording can change
+        rec_layout = _layout_at(trace, ev, device, rec_state, pairs, req, blk, pre_blk, untouched)
+        rec_sites, _ = held_by_site(trace, ev, pairs, req, rec_layout, top)
+        at_rec["sites"], at_rec["stacks"] = rec_sites["sites"], rec_sites["stacks"]
 
     counts = trace.action_counts(device)
     pre_frees = int((pairs.pre_fr != NEVER).sum())
@@ -230,7 +245,6 @@ def inspect_trace(trace: Any, device: int = 0, top: int = 10) -> dict[str, Any]:
     for a in advice:
         a["advice"] = specific.get(a["component"], a["advice"])
     peak_active = int(active.max())
-    rec_peak, rec_state = recording_peak(start_reserved, ev)
     return {
         "schema": SCHEMA,
         "device": device,
@@ -280,6 +294,7 @@ def inspect_trace(trace: Any, device: int = 0, top: int = 10) -> dict[str, Any]:
             "trigger": trigger,
             **seg_info,
         },
+        "at_recording_peak": at_rec,
         "waste_at_peak": waste,
         "advice": advice,
         **sites,

@@ -24,6 +24,7 @@ from ..traces.actions import (
     A_UNMAP,
     ACTIONS,
     SEGMENT_ACTIONS,
+    recording_peak,
     reserved_delta,
 )
 from ..units import MIB
@@ -472,5 +473,7 @@ def recorded_summary(trace: Any, device: int = 0) -> dict[str, Any]:
         "segment_unmap": counts["segment_unmap"],
         "final_reserved": final,
         "start_reserved": start,
+        # the recording's own peak, beside the whole-trace peak (which includes the start)
+        "peak_reserved_recording": recording_peak(start, ev)[0],
     }
 

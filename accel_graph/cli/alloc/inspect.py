@@ -162,7 +162,7 @@ def render(p: dict[str, Any]) -> str:
     waste = p["waste_at_peak"]
     total = at["reserved"] - at["requested"]
     moment = ("at the snapshot" if not ev["total"] else
-              "at the start of the recording (the state it inherited, before its first event)"
+              "at the start of the recording, the state it inherited"
               if at["state"] == 0 else f"after event {at['after_event_index']:,}")
     lines += ["", f"Waste at the peak of reserved ({moment}: "
               f"reserved {fmt_bytes(at['reserved'])}, requested {fmt_bytes(at['requested'])}, "
@@ -194,6 +194,16 @@ def render(p: dict[str, Any]) -> str:
             if srows:
                 lines += [title, format_table([name, "live at peak", "blocks", "allocated in run",
                                                "allocations"], srows, align="lrrrr")]
+        ar = p.get("at_recording_peak") or {}
+        for key, name in (("sites", "site"), ("stacks", "stack")):
+            srows = [[s[name], fmt_bytes(s["live_at_peak_bytes"]), s["live_at_peak_count"],
+                      fmt_bytes(s["allocated_bytes"]), s["allocations"]] for s in ar.get(key, [])]
+            if srows:
+                lines += [f"by {'site' if key == 'sites' else 'user call stack'}, live at the "
+                          f"recording's own peak (after event {ar['after_event_index']:,}: "
+                          f"reserved {fmt_bytes(ar['reserved'])})",
+                          format_table([name, "live at peak", "blocks", "allocated in run",
+                                        "allocations"], srows, align="lrrrr")]
         lines.append(f"frame rule: {p['sites_rule']}")
     else:
         lines.append(p.get("sites_note") or "no allocation sites to list")
