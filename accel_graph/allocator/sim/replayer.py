@@ -42,7 +42,7 @@ from ..traces.actions import (
     A_SEG_FREE,
     A_UNMAP,
     SEGMENT_ACTIONS,
-    recording_peak,
+    recording_peak_of,
 )
 from ..units import MIB
 from .profiles import NPU_ROUND_EXTRA, Profile, resolve_profile
@@ -216,7 +216,8 @@ def replay_trace(trace: Any, settings: Any = None, *, policy: str | None = None,
     act = seg["action"]
     result = ReplayResult(
         peak_reserved=max(start_res, int(res.max()) if len(res) else 0),
-        peak_reserved_recording=recording_peak(start_res, events)[0],
+        peak_reserved_recording=(recording_peak_of(res, events["action"])[0] if len(res)
+                                 else start_res),
         device_mallocs=int((act == A_SEG_ALLOC).sum()),
         device_frees=int((act == A_SEG_FREE).sum()),
         maps=int((act == A_MAP).sum()),
