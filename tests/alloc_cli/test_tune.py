@@ -52,7 +52,9 @@ def test_json_schema(frag_json):
         assert ROW_KEYS <= set(row)
     assert {"rank", "equivalent", "equivalent_configs"} <= set(p["ranked"][0])
     assert set(p["ranked"][0]["delta"]) == {"peak_reserved", "peak_reserved_relative",
-                                            "device_calls", "ooms"}
+                                            "peak_reserved_recording",
+                                            "peak_reserved_recording_relative",
+                                            "start_reserved", "device_calls", "ooms"}
     assert [r["rank"] for r in p["ranked"]] == list(range(1, len(p["ranked"]) + 1))
     assert len(p["ranked"]) == 10  # --top default
     for w in p["warnings"]:
