@@ -201,6 +201,11 @@ def test_torch_version_assumed_and_inferred(cli, warm_path, warm):
     newer = warm_start_trace(steps=1, settings="large_segment_size_mb:64")
     newer.allocator_settings["PYTORCH_CUDA_ALLOC_CONF"] = "large_segment_size_mb:64"
     assert infer_torch(newer)["at_least"] == "2.13"
+    py313 = warm_start_trace(steps=1)
+    py313.stacks = [tuple(dict(f, filename=str(f["filename"]).replace("python3.11", "python3.13"))
+                          for f in st) for st in py313.stacks]
+    seen = infer_torch(py313)
+    assert seen["at_least"] == "2.5" and "Python 3.13" in seen["evidence"][0]
     prof = resolve_profile("cuda-2.13")
     assert knob_requirements("large_segment_size_mb:64,max_split_size_mb:32", prof) == {
         "large_segment_size_mb": "2.13"}

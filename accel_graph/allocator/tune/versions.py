@@ -9,6 +9,8 @@ A snapshot does not name its torch version. What it can show is a lower bound:
   that honours them all bounds the version from below;
 - expandable segments in use (``segment_map``/``segment_unmap`` events, ``is_expandable``
   segments): torch 2.1 or later (the release that introduced them);
+- the Python its frames ran under (``lib/python3.13/`` in a frame's path): the first torch
+  release with wheels for it (3.12: torch 2.2; 3.13: torch 2.5);
 - a trace written by accel-graph's generator replays the engine's model, torch 2.13.
 
 :func:`infer_torch` returns that bound with the evidence behind it; :func:`knob_requirements`
@@ -18,6 +20,7 @@ says which keys of a config need a newer torch than the oldest profile of the de
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from ..sim.profiles import PROFILES, Profile
@@ -29,6 +32,9 @@ __all__ = ["infer_torch", "knob_requirements", "top_level_keys", "version_text",
 
 Version = tuple[int, int]
 _ES_MIN: Version = (2, 1)
+#: The first torch release with wheels for a Python version (older Pythons: no bound).
+_PYTHON_MIN: dict[tuple[int, int], Version] = {(3, 12): (2, 2), (3, 13): (2, 5)}
+_PYTHON_DIR = re.compile(r"/lib/python(3)\.(\d+)/")
 _CONF_KEYS = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF",
               "PYTORCH_NPU_ALLOC_CONF")
 
@@ -89,6 +95,17 @@ def infer_torch(trace: Any, device: int = 0) -> dict[str, Any]:
             break
     if "accel_graph_generator" in settings:
         raise_to((2, 13), "written by accel-graph's generator (the engine models torch 2.13)")
+    pythons = set()
+    for stack in trace.stacks[:500]:
+        for f in stack:
+            m = _PYTHON_DIR.search(str(f.get("filename", ""))) if isinstance(f, dict) else None
+            if m:
+                pythons.add((int(m.group(1)), int(m.group(2))))
+    for py in sorted(pythons):
+        v = _PYTHON_MIN.get(py)
+        if v is not None:
+            raise_to(v, f"frames ran under Python {py[0]}.{py[1]}, which torch supports from "
+                     f"{version_text(v)}")
     ev = trace.events(device)
     if (len(ev) and bool(((ev["action"] == A_MAP) | (ev["action"] == A_UNMAP)).any())) or any(
             s.get("is_expandable") for s in trace.segments):
