@@ -34,7 +34,9 @@ from .options import (
 
 #: metric name -> (SimResult.to_json key, kind) in table order; kind: bytes, count or ratio
 METRICS: dict[str, tuple[str, str]] = {
-    "peak_reserved": ("peak_reserved", "bytes"),
+    "peak_reserved": ("peak_reserved", "bytes"),  # the whole trace, start state included
+    "peak_reserved_recording": ("peak_reserved_recording", "bytes"),  # the recording's own
+    "start_reserved": ("start_reserved", "bytes"),  # as rebuilt under the scenario
     "peak_allocated": ("peak_allocated", "bytes"),
     "final_reserved": ("final_reserved", "bytes"),
     "device_mallocs": ("device_mallocs", "count"),
@@ -46,7 +48,8 @@ METRICS: dict[str, tuple[str, str]] = {
     "fragmentation_at_peak": ("fragmentation_at_peak", "ratio"),
 }
 RECORDED_METRICS: dict[str, str] = {
-    "peak_reserved": "bytes", "final_reserved": "bytes", "start_reserved": "bytes",
+    "peak_reserved": "bytes", "peak_reserved_recording": "bytes", "final_reserved": "bytes",
+    "start_reserved": "bytes",
     "segment_alloc": "count", "segment_free": "count", "segment_map": "count",
     "segment_unmap": "count",
 }  # fmt: skip
