@@ -263,3 +263,13 @@ def test_nomem_status_raises_with_text():
     with pytest.raises(MemoryError) as e:
         check_status(load_core().lib.AG_ERR_NOMEM, None, "")
     assert str(e.value)
+
+
+def test_diff_gate_sees_the_recording_peak(cli, warm_path):
+    # the whole-trace peak is the start state under both configs: only the recording grows
+    r = cli("diff", warm_path, "--config-b", "roundup_power2_divisions:4", "--json",
+            "--fail-above", "1")
+    d = r.json()
+    assert d["metrics"]["peak_reserved"]["delta"] == 0
+    assert d["metrics"]["peak_reserved_recording"]["delta"] > 0
+    assert r.code == options.EXIT_CHECK_FAILED and not d["passed"]
