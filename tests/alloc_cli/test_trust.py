@@ -273,3 +273,10 @@ def test_diff_gate_sees_the_recording_peak(cli, warm_path):
     assert d["metrics"]["peak_reserved"]["delta"] == 0
     assert d["metrics"]["peak_reserved_recording"]["delta"] > 0
     assert r.code == options.EXIT_CHECK_FAILED and not d["passed"]
+
+
+def test_stdlib_rule_matches_whole_python_dirs():
+    user = {"filename": "/home/u/lib/python3_utils/x.py", "line": 1}
+    std = {"filename": "/usr/lib64/python3.12/contextlib.py", "line": 2}
+    win = {"filename": "C:/Python311/Lib/contextlib.py", "line": 3}
+    assert top_user_frame([std, win, user]) is user

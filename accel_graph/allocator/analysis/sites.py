@@ -1,9 +1,11 @@
-"""Allocation sites: the top user stack frame of each allocation, and the bytes each site holds
-at a moment of a :class:`~.walk.Layout` (the ``sites`` section of ``accel-alloc inspect``).
+"""Allocation sites: the first user Python frame of each allocation (:data:`FRAME_RULE`) and its
+user call stack, and the bytes each holds at a moment of a :class:`~.walk.Layout` and over the
+whole run (the ``sites``/``stacks`` sections of ``accel-alloc inspect``).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -36,6 +38,9 @@ _TORCH_DIRS = ("torch", "torch_npu")
 CHAIN_DEPTH = 6
 
 
+_PYTHON_DIR = re.compile(r"python\d(\.\d+)?t?")  # python3.11, python3.13t, python3
+
+
 def _parts(filename: str) -> list[str]:
     return filename.replace("\\", "/").split("/")
 
@@ -51,8 +56,8 @@ def _is_stdlib(parts: list[str]) -> bool:
     """A file under ``lib/pythonX.Y/`` (or ``Lib/`` on Windows) but not in a site-packages /
     dist-packages directory below it."""
     for i, p in enumerate(parts[:-1]):
-        if (p.startswith("python3") or p.startswith("python2") or p == "Lib") and i > 0 and (
-                parts[i - 1].lower() == "lib" or p == "Lib"):
+        if i > 0 and (p == "Lib" or (_PYTHON_DIR.fullmatch(p) is not None
+                                     and parts[i - 1].lower() in ("lib", "lib64"))):
             rest = parts[i + 1:-1]
             return not any(r in ("site-packages", "dist-packages") for r in rest)
     return False
