@@ -137,6 +137,9 @@ def render(payload: dict[str, Any]) -> str:
         "",
         format_table(["metric", "simulated", "recorded", "error", "relative"], rows, align="lrrrr"),
         "",
+        f"start reserved: recorded {fmt_bytes(payload['start_reserved']['recorded'])}, rebuilt "
+        f"{fmt_bytes(payload['start_reserved']['simulated'])} (the state before the first "
+        "event, allocated again by the replay's prologue)",
         f"segment sizes: {sz['equal_in_order']} of {sz['recorded']} recorded equal in order, "
         f"{sz['equal_as_multiset']} as a multiset (simulated {sz['simulated']})",
         "verdict: " + ("exact" if payload["exact"] else
