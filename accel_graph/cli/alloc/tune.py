@@ -326,7 +326,11 @@ def render(p: dict[str, Any]) -> str:
     lines += [
         f"  peak reserved {fmt_bytes(r['peak_reserved_recording'])} in the recording "
         f"({_pct(r, 'recording')} vs baseline), {fmt_bytes(r['peak_reserved'])} over the whole "
-        f"trace ({_pct(r)}), start rebuilt at {fmt_bytes(r['start_reserved'])}; device "
+        f"trace ({_pct(r)}), start rebuilt at {fmt_bytes(r['start_reserved'])}"
+        + (f" ({_signed_bytes(r['delta']['start_reserved'])} vs the recorded settings: the "
+           "setting's effect on the state before the recording)"
+           if r["delta"].get("start_reserved") else "")
+        + "; device "
         f"calls {r['device_calls']} (baseline {b['device_calls']}); ooms {r['ooms']}",
     ]
     fl = p.get("floor")
