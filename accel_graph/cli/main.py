@@ -79,14 +79,16 @@ def build_parser(
     commands: dict[str, tuple[str, str]] | None = None,
     description: str = "Device graphs and a pluggable caching allocator for PyTorch.",
     version: str | None = None,
+    parser_class: type[argparse.ArgumentParser] = argparse.ArgumentParser,
 ) -> argparse.ArgumentParser:
     """The top-level parser. Only the command chosen in ``argv`` gets its options (and its
     module imported); the others appear in ``--help`` by name and help line.
 
     ``prog``/``commands``/``description`` let other console scripts (``accel-alloc``) share the
-    registry mechanism; the defaults build ``accel-graph``.
+    registry mechanism; the defaults build ``accel-graph``. ``parser_class`` is the parser type
+    (subcommand parsers inherit it), e.g. one whose usage errors are a single line.
     """
-    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser = parser_class(prog=prog, description=description)
     if version is not None:
         parser.add_argument("--version", action="version", version=f"{prog} {version}")
     else:

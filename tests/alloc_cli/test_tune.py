@@ -21,15 +21,17 @@ TOP_KEYS = {
     "budget", "evaluated", "distinct_results", "alternatives_evaluated", "rejected",
     "space_size", "stages", "skipped_knobs", "baseline", "ranked", "pareto",
     "alternative_policies", "recommendation", "warnings", "uses", "private_pools", "accuracy",
-    "seconds", "floor",
+    "seconds", "floor", "peak_scope",
 }
 ROW_KEYS = {
     "config", "label", "policy", "stage", "peak_reserved", "peak_allocated", "device_mallocs",
     "device_frees", "segment_maps", "segment_unmaps", "device_calls", "retries", "ooms", "oom",
-    "fragmentation_at_peak", "changed_entries", "notes", "delta",
+    "fragmentation_at_peak", "changed_entries", "notes", "delta", "peak_reserved_recording",
+    "start_reserved",
 }
 REC_KEYS = ROW_KEYS | {"same_as_baseline", "env_var", "env_line", "also", "snippet", "note",
-                       "expected_peak_error_pct", "best_without_expandable_segments"}
+                       "expected_peak_error_pct", "best_without_expandable_segments",
+                       "passed_over", "torch"}
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +52,9 @@ def test_json_schema(frag_json):
         assert ROW_KEYS <= set(row)
     assert {"rank", "equivalent", "equivalent_configs"} <= set(p["ranked"][0])
     assert set(p["ranked"][0]["delta"]) == {"peak_reserved", "peak_reserved_relative",
-                                            "device_calls", "ooms"}
+                                            "peak_reserved_recording",
+                                            "peak_reserved_recording_relative",
+                                            "start_reserved", "device_calls", "ooms"}
     assert [r["rank"] for r in p["ranked"]] == list(range(1, len(p["ranked"]) + 1))
     assert len(p["ranked"]) == 10  # --top default
     for w in p["warnings"]:

@@ -30,7 +30,8 @@ def frag_result(frag):
 def _cand(config: str, peak: int, calls: int, ooms: int = 0, distance: int = 0) -> Candidate:
     return Candidate(config=config, policy="native", stage="t", peak_reserved=peak,
                      peak_allocated=None, device_mallocs=calls, device_frees=0, maps=0, unmaps=0,
-                     retries=0, ooms=ooms, fragmentation_at_peak=0.0, distance=distance)
+                     retries=0, ooms=ooms, fragmentation_at_peak=0.0, distance=distance,
+                     peak_reserved_recording=peak, start_reserved=0)
 
 
 def _dominates(a: Candidate, b: Candidate) -> bool:

@@ -42,10 +42,11 @@ from ..traces.actions import (
     A_FREE,
     A_FREE_REQ,
     SEGMENT_ACTIONS,
+    recording_peak,
     reserved_delta,
 )
 from ..units import MIB
-from .sites import held_by_site, site_ids, stack_sites
+from .sites import FRAME_RULE, held_by_site, site_ids, stack_chains, stack_sites
 from .walk import NEVER, Layout, Pairs, SegmentWalk, curve, final_segments, prepare
 
 __all__ = [
@@ -205,6 +206,21 @@ def inspect_trace(trace: Any, device: int = 0, top: int = 10) -> dict[str, Any]:
 
     # -- sites ---------------------------------------------------------------------------------
     sites, sites_note = held_by_site(trace, ev, pairs, req, layout, top)
+    rec_peak, rec_state = recording_peak(start_reserved, ev)
+    if rec_state:  # the growth event precedes its alloc: on the plateau it starts, the fullest
+        run = np.flatnonzero(reserved[rec_state:] != rec_peak)
+        end = rec_state + (int(run[0]) if len(run) else n + 1 - rec_state)
+        rec_state += int(np.argmax(requested[rec_state:end]))
+    at_rec: dict[str, Any] = {"state": rec_state, "after_event_index": rec_state - 1,
+                              "reserved": int(reserved[rec_state]),
+                              "requested": int(requested[rec_state]),
+                              "same_as_at_peak": rec_state == k}
+    if rec_state != k and top and not sites_note:
+        # the whole-trace peak is elsewhere (the inherited start state, say): who holds the
+        # bytes at the recording's own peak is what the recording can change
+        rec_layout = _layout_at(trace, ev, device, rec_state, pairs, req, blk, pre_blk, untouched)
+        rec_sites, _ = held_by_site(trace, ev, pairs, req, rec_layout, top)
+        at_rec["sites"], at_rec["stacks"] = rec_sites["sites"], rec_sites["stacks"]
 
     counts = trace.action_counts(device)
     pre_frees = int((pairs.pre_fr != NEVER).sum())
@@ -251,7 +267,14 @@ def inspect_trace(trace: Any, device: int = 0, top: int = 10) -> dict[str, Any]:
                   "allocated": start_allocated, "active": start_active},
         "peaks": {
             "reserved": peak_reserved,
+            "reserved_scope": "whole trace: the start state included",
             "reserved_event_index": first_peak - 1,
+            "reserved_is_start_state": first_peak == 0,
+            "reserved_in_recording": rec_peak,
+            "reserved_in_recording_state": rec_state,
+            "reserved_in_recording_scope": (
+                "the recording's own: the highest reserved right after a segment_alloc/map "
+                "event (the start state, inherited from before the recording, excluded)"),
             "allocated": int(allocated.max()),
             "requested": int(requested.max()),
             "active": peak_active,
@@ -271,10 +294,12 @@ def inspect_trace(trace: Any, device: int = 0, top: int = 10) -> dict[str, Any]:
             "trigger": trigger,
             **seg_info,
         },
+        "at_recording_peak": at_rec,
         "waste_at_peak": waste,
         "advice": advice,
-        "sites": sites,
+        **sites,
         "sites_note": sites_note,
+        "sites_rule": FRAME_RULE,
     }
 
 
@@ -319,6 +344,7 @@ def _layout_at(trace: Any, ev: np.ndarray, device: int, k: int, pairs: Pairs, re
     pre_on = pairs.pre_fc >= k
     pre_live = pairs.pre_fr >= k
     a_site = site_ids(stack_sites(trace)[0], ev["frames"][ai[on]])
+    a_chain = site_ids(stack_chains(trace)[0], ev["frames"][ai[on]])
     addr = np.concatenate((ev["addr"][ai[on]].astype(np.int64), pairs.pre_addr[pre_on],
                            np.array([u[0] for u in untouched], np.int64)))
     size = np.concatenate((blk[on], pre_blk[pre_on], np.array([u[1] for u in untouched], np.int64)))
@@ -326,9 +352,11 @@ def _layout_at(trace: Any, ev: np.ndarray, device: int, k: int, pairs: Pairs, re
                          np.array([u[2] for u in untouched], np.int64)))
     live = np.concatenate((live_a[on], pre_live[pre_on],
                            np.array([u[3] for u in untouched], bool)))
-    site = np.concatenate((a_site, np.ones(int(pre_on.sum()) + len(untouched), np.int64)))
+    pre_ones = np.ones(int(pre_on.sum()) + len(untouched), np.int64)
+    site = np.concatenate((a_site, pre_ones))
+    chain = np.concatenate((a_chain, pre_ones))
     o = np.argsort(addr, kind="stable")
-    addr, size, rq, live, site = addr[o], size[o], rq[o], live[o], site[o]
+    addr, size, rq, live, site, chain = addr[o], size[o], rq[o], live[o], site[o], chain[o]
     rq = np.where(live, rq, 0)
     rule = size.copy()
     starts = np.array([s.addr for s in segs], np.int64)
@@ -350,7 +378,7 @@ def _layout_at(trace: Any, ev: np.ndarray, device: int, k: int, pairs: Pairs, re
             absorb = (si >= 0) & large_native[np.maximum(si, 0)] & (rule > SMALL_SIZE) & (
                 gap > 0) & (gap <= SMALL_SIZE)
             size = np.where(absorb, size + gap, size)
-    return Layout(segs, addr, size, rq, live, si, site, rule)
+    return Layout(segs, addr, size, rq, live, si, site, rule, chain)
 
 
 def _waste(lay: Layout, main_stream: int | None, trigger: dict[str, Any] | None,

@@ -315,7 +315,8 @@ def prepare(trace: Any, device: int) -> Prepared:
             if b.get("state") in ACTIVE_STATES:
                 a = int(b["address"])
                 final_live[a] = int(b["size"])
-                untouched.append((a, int(b["size"]), int(b.get("requested_size") or 0),
+                # a file without requested_size (legacy snapshots): the block's size
+                untouched.append((a, int(b["size"]), int(b.get("requested_size") or b["size"]),
                                   b.get("state") == "active_allocated",
                                   int(s.get("stream", 0))))
     if untouched:
@@ -352,4 +353,5 @@ class Layout:
     seg: np.ndarray  # index into segs, -1 outside every segment
     site: np.ndarray  # site id per block (see stack_sites)
     rule_size: np.ndarray  # block size by the rounding rule (pool class)
+    chain: np.ndarray  # user call stack id per block (see stack_chains)
 

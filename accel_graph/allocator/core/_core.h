@@ -69,7 +69,10 @@ enum {
     AG_OP_END_POOL = 7,       /* id = pool id */
     AG_OP_RELEASE_POOL = 8,   /* id = pool id */
     AG_OP_MALLOC_POOL = 9,    /* like MALLOC, into the private pool given as size2 */
-    AG_OP_RESET_PEAK_STATS = 10 /* like ag_reset_peak_stats (e.g. after a replay prologue) */
+    AG_OP_RESET_PEAK_STATS = 10, /* like ag_reset_peak_stats (e.g. after a replay prologue) */
+    AG_OP_SET_REQUESTED = 11  /* id = slot, size = the bytes its caller asked for (1..block size):
+                               * a replay prologue allocates a pre-existing block at its block size
+                               * and records the size it was requested at */
 };
 
 typedef struct {

@@ -322,3 +322,17 @@ int im_empty_cache(ag_engine *e) {
     return rc ? fail(e, rc, "out of host memory while releasing cached blocks") : AG_OK;
 }
 
+
+int im_set_requested(ag_engine *e, uint64_t ptr, int64_t requested) {
+    /* the requested size of a live block (requested_bytes counts it); a block's size is fixed */
+    ag_block *b = hget(e, ptr);
+    if (!b || !b->allocated)
+        return fail(e, AG_ERR_BAD_PTR, "set_requested(0x%llx): not an allocated block of this engine",
+                    (unsigned long long)ptr);
+    if (requested < 1 || (uint64_t)requested > b->size)
+        return fail(e, AG_ERR_INVALID, "set_requested(0x%llx): %lld bytes is not in 1..%llu (the block size)",
+                    (unsigned long long)ptr, (long long)requested, (unsigned long long)b->size);
+    stat2(e->st.requested_bytes, b->pool, (int64_t)requested - (int64_t)b->requested);
+    b->requested = (uint64_t)requested;
+    return AG_OK;
+}

@@ -371,6 +371,7 @@ uint64_t up_device_free(const ag_engine *e);
 int64_t im_malloc(ag_engine *e, int64_t size, int32_t stream, int64_t pool_id);
 int im_free(ag_engine *e, uint64_t ptr);
 int im_record_stream(ag_engine *e, uint64_t ptr, int32_t stream);
+int im_set_requested(ag_engine *e, uint64_t ptr, int64_t requested);
 int64_t im_block_size(ag_engine *e, uint64_t ptr);
 int im_process_events(ag_engine *e);
 int im_synchronize(ag_engine *e);

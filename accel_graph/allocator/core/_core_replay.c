@@ -16,6 +16,7 @@ int im_replay(ag_engine *e, const ag_op *ops, int64_t n, uint64_t *slots, int64_
         case AG_OP_MALLOC_POOL:
         case AG_OP_FREE:
         case AG_OP_RECORD_STREAM:
+        case AG_OP_SET_REQUESTED:
             if (o->id < 0 || o->id >= nslots) {
                 r = fail(e, AG_ERR_INVALID, "op %lld: slot %lld out of range 0..%lld", (long long)i,
                          (long long)o->id, (long long)nslots - 1);
@@ -31,6 +32,8 @@ int im_replay(ag_engine *e, const ag_op *ops, int64_t n, uint64_t *slots, int64_
                 if (o->op == AG_OP_FREE) {
                     r = im_free(e, slots[o->id]);
                     slots[o->id] = 0;
+                } else if (o->op == AG_OP_SET_REQUESTED) {
+                    r = im_set_requested(e, slots[o->id], o->size);
                 } else {
                     r = im_record_stream(e, slots[o->id], o->stream);
                 }

@@ -64,6 +64,7 @@ OP = {
     "release_pool": 8,
     "malloc_pool": 9,
     "reset_peak_stats": 10,
+    "set_requested": 11,
 }
 #: numpy layouts of ``ag_event`` and ``ag_op`` (kept in step with _core.h; a test checks sizes).
 EVENT_FIELDS = [
@@ -428,7 +429,8 @@ class Engine:
 
         ``ops`` is a numpy array of :data:`OP_DTYPE` (``op, stream, size, id, size2``), opcodes in
         :data:`OP`. ``malloc`` puts its pointer into slot ``id``; ``free``/``record_stream`` name a
-        slot. A malloc that runs out of memory yields a negative result (``AG_ERR_OOM``), leaves
+        slot; ``set_requested`` sets the requested bytes (``size``, 1..block size) of slot
+        ``id``'s live block. A malloc that runs out of memory yields a negative result (``AG_ERR_OOM``), leaves
         its slot empty, and the replay goes on (a later free of that slot is skipped). Any other
         error stops the replay and raises, naming the op index.
         """

@@ -51,7 +51,11 @@ def check_status(rc: int, engine: Engine | None = None, message: str | None = No
     if rc == lib.AG_ERR_LOAD:
         raise BackendUnavailable(message)
     if rc == lib.AG_ERR_NOMEM:
-        raise MemoryError(message)
+        # the C core may fail before it can write a message (its malloc failed): never raise
+        # a MemoryError with no text
+        raise MemoryError(message or "the allocator core could not allocate host memory for "
+                          "its own bookkeeping (malloc failed); free host memory, or replay a "
+                          "shorter trace")
     raise AccelGraphError(message)
 
 

@@ -36,7 +36,14 @@ import numpy as np
 from ..alloc_conf import settings_from_snapshot
 from ..core.engine import OP, OP_DTYPE, Engine
 from ..core.settings import EngineSettings
-from ..traces.actions import A_MAP, A_SEG_ALLOC, A_SEG_FREE, A_UNMAP, SEGMENT_ACTIONS
+from ..traces.actions import (
+    A_MAP,
+    A_SEG_ALLOC,
+    A_SEG_FREE,
+    A_UNMAP,
+    SEGMENT_ACTIONS,
+    recording_peak_of,
+)
 from ..units import MIB
 from .profiles import NPU_ROUND_EXTRA, Profile, resolve_profile
 from .results import ReplayResult, fragmentation_at_peak, usage_curves
@@ -209,6 +216,8 @@ def replay_trace(trace: Any, settings: Any = None, *, policy: str | None = None,
     act = seg["action"]
     result = ReplayResult(
         peak_reserved=max(start_res, int(res.max()) if len(res) else 0),
+        peak_reserved_recording=(recording_peak_of(res, events["action"])[0] if len(res)
+                                 else start_res),
         device_mallocs=int((act == A_SEG_ALLOC).sum()),
         device_frees=int((act == A_SEG_FREE).sum()),
         maps=int((act == A_MAP).sum()),

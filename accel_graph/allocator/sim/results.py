@@ -33,6 +33,12 @@ class Figures:
     retries: int
     ooms: int
     fragmentation_at_peak: float
+    #: the peak the recording itself produced (:func:`~..traces.actions.recording_peak`:
+    #: the highest reserved right after a growth event), beside ``peak_reserved`` (the whole
+    #: trace, the rebuilt start state included)
+    peak_reserved_recording: int
+    #: reserved bytes of the start state rebuilt under this configuration (the prologue)
+    start_reserved: int
 
     @property
     def device_calls(self) -> int:
@@ -55,6 +61,8 @@ class Figures:
             "retries": self.retries,
             "ooms": self.ooms,
             "fragmentation_at_peak": round(self.fragmentation_at_peak, 6),
+            "peak_reserved_recording": self.peak_reserved_recording,
+            "start_reserved": self.start_reserved,
         }
 
 
@@ -67,7 +75,6 @@ class ReplayResult(Figures):
 
     segment_events: np.ndarray  # engine EVENT_DTYPE records of segment_* actions, oldest first
     final_stats: dict[str, int]
-    start_reserved: int
     n_ops: int
     replay_seconds: float = 0.0
     inferred_empty_cache: int = 0

@@ -200,7 +200,6 @@ class SimResult(Figures):
     scenario: Scenario
     device: int
     final_reserved: int
-    start_reserved: int
     replay_seconds: float
     n_ops: int
     notes: list[str] = field(default_factory=list)
@@ -212,7 +211,6 @@ class SimResult(Figures):
             **self.figures_json(),
             "device": self.device,
             "final_reserved": self.final_reserved,
-            "start_reserved": self.start_reserved,
             "replay_seconds": round(self.replay_seconds, 6),
             "ops": self.n_ops,
             # capacity answers (only with a cap): did every allocation succeed, and how much
@@ -256,7 +254,6 @@ def simulate(trace: Any, scenario: Scenario, *, device: int = 0, keep_events: bo
         scenario=scenario,
         device=device,
         final_reserved=int(r.final_stats.get("reserved_bytes.all.current", 0)),
-        start_reserved=int(r.start_reserved),
         replay_seconds=float(r.replay_seconds),
         n_ops=int(r.n_ops),
         notes=list(r.notes),

@@ -24,6 +24,7 @@ from ..traces.actions import (
     A_UNMAP,
     ACTIONS,
     SEGMENT_ACTIONS,
+    recording_peak,
     reserved_delta,
 )
 from ..units import MIB
@@ -140,27 +141,37 @@ def _segments_at_start(trace: Any, ev: np.ndarray, device: int) -> list[tuple[in
 
 def infer_start_state(trace: Any, device: int = 0, profile: Profile | str | None = None,
                       _slots: Any = None) -> dict[str, Any]:
-    """The pre-existing state: ``blocks`` [(address, size)] live at the trace's start, and
-    ``segments`` [(address, size, expandable)] reserved at the start. ``profile`` (default:
-    the trace's device) rounds the freed sizes of blocks allocated before the trace."""
+    """The pre-existing state: ``blocks`` [(address, size)] live at the trace's start,
+    ``requested`` {address: bytes the caller asked for} for those blocks (the size of the first
+    free of a block the trace frees; the recorded ``requested_size`` of a final block the trace
+    never touches, its size when the file has none), and ``segments`` [(address, size,
+    expandable)] reserved at the start. ``profile`` (default: the trace's device) rounds the
+    freed sizes of blocks allocated before the trace."""
     ev = trace.events(device)
     _, free_idx, free_slot = _slots if _slots is not None else _alloc_slots(ev)
     orphan = free_idx[free_slot < 0]
     blocks: dict[int, int] = {}
+    requested: dict[int, int] = {}
     prof = resolve_profile(profile, trace.device_type)
-    sizes = round_requests(np.maximum(ev["size"][orphan].astype(np.int64), 1), prof)
-    for a, s in zip(ev["addr"][orphan].tolist(), sizes.tolist()):
-        blocks.setdefault(a, s)  # the first free of an address never allocated in the trace
-    final = [(int(b["address"]), int(b["size"])) for s in trace.segments
-             if s.get("device", device) == device for b in s.get("blocks", ())
-             if b.get("state") == "active_allocated"]
+    asked = np.maximum(ev["size"][orphan].astype(np.int64), 1)
+    sizes = round_requests(asked, prof)
+    for a, s, r in zip(ev["addr"][orphan].tolist(), sizes.tolist(), asked.tolist()):
+        if a not in blocks:  # the first free of an address never allocated in the trace
+            blocks[a], requested[a] = s, r
+    final = [(int(b["address"]), int(b["size"]), b.get("requested_size"))
+             for s in trace.segments if s.get("device", device) == device
+             for b in s.get("blocks", ()) if b.get("state") == "active_allocated"]
     if final:
         mem_addr = ev["addr"][np.isin(ev["action"], (A_ALLOC, A_FREE_REQ, A_FREE))]
-        touched = np.isin(np.array([a for a, _ in final], dtype=np.uint64), mem_addr)
-        for (a, n), t in zip(final, touched.tolist()):
+        touched = np.isin(np.array([a for a, _, _ in final], dtype=np.uint64), mem_addr)
+        for (a, n, r), t in zip(final, touched.tolist()):
             if not t:
                 blocks[a] = n
-    return {"blocks": sorted(blocks.items()), "segments": _segments_at_start(trace, ev, device)}
+                # the block's own requested_size: its size would count the rounding slack as
+                # requested bytes (135 MB on a 2.7B model's start state)
+                requested[a] = int(r) if isinstance(r, int) and 0 < r <= n else n
+    return {"blocks": sorted(blocks.items()), "requested": requested,
+            "segments": _segments_at_start(trace, ev, device)}
 
 
 def _prologue(state: dict[str, Any], expandable: bool,
@@ -178,6 +189,7 @@ def _prologue(state: dict[str, Any], expandable: bool,
         return slot - 1
 
     blocks = state["blocks"]
+    asked: dict[int, int] = state.get("requested", {})
     addrs = np.asarray([a for a, _ in blocks], dtype=np.uint64)
     segments: list[tuple[int, int, bool]] = []
     for seg_addr, seg_size, seg_exp in state["segments"]:
@@ -236,6 +248,9 @@ def _prologue(state: dict[str, Any], expandable: bool,
         for size, kind, a in merged:
             if kind == 1:
                 slot_of[a] = malloc(size)
+                r = min(int(asked.get(a, size)), size)
+                if 0 < r < size:  # requested_bytes counts the caller's size, not the block's
+                    ops.append((OP["set_requested"], 0, r, slot_of[a], 0))
             else:
                 while size > 0:  # chunks that stay in the segment's pool
                     chunk = size if large or size <= MIB else MIB
@@ -339,7 +354,7 @@ def build_ops(trace: Any, device: int = 0, profile: Profile | str | None = None,
     slots = _alloc_slots(ev)
     alloc_idx, free_idx, free_slot = slots
     state = (infer_start_state(trace, device, prof, slots) if start_state
-             else {"blocks": [], "segments": []})
+             else {"blocks": [], "requested": {}, "segments": []})
     prologue, pre_slot = _prologue(state, expandable)
     if round_extra and len(prologue):
         # prologue sizes are block sizes (multiples of 512): ask for them less the extra
@@ -458,5 +473,7 @@ def recorded_summary(trace: Any, device: int = 0) -> dict[str, Any]:
         "segment_unmap": counts["segment_unmap"],
         "final_reserved": final,
         "start_reserved": start,
+        # the recording's own peak, beside the whole-trace peak (which includes the start)
+        "peak_reserved_recording": recording_peak(start, ev)[0],
     }
 

@@ -43,4 +43,34 @@ def reserved_delta(events: np.ndarray) -> np.ndarray:
     (int64). Its cumulative sum is the reserved curve."""
     act = events["action"]
     size = events["size"].astype(np.int64)
-    return np.where(np.isin(act, GROW_ACTIONS), size, 0) - np.where(np.isin(act, SHRINK_ACTIONS), size, 0)
+    # two comparisons per kind: several times faster than np.isin on the event arrays a tuning
+    # search replays hundreds of times
+    grow = (act == A_SEG_ALLOC) | (act == A_MAP)
+    shrink = (act == A_SEG_FREE) | (act == A_UNMAP)
+    return np.where(grow, size, 0) - np.where(shrink, size, 0)
+
+
+def recording_peak(start: int, events: np.ndarray) -> tuple[int, int]:
+    """The peak reserved that the recording itself produced, and its state (after that many
+    events): the highest reserved right after a growth event (segment_alloc / segment_map).
+
+    The whole-trace peak (``max(start, ...)``) includes the start state, which a recording that
+    begins with a full cache inherits from before it (a benchmark's earlier calls, then
+    ``empty_cache`` right after recording starts): there every setting gives the same
+    whole-trace peak. A trace without growth events produced no reserved memory of its own; its
+    peak is the highest reserved after its first event (the start when it has none, state 0).
+    """
+    if not len(events):
+        return int(start), 0
+    return recording_peak_of(start + np.cumsum(reserved_delta(events)), events["action"])
+
+
+def recording_peak_of(res: np.ndarray, actions: np.ndarray) -> tuple[int, int]:
+    """:func:`recording_peak` from the reserved bytes after each event (``res``, non-empty) and
+    the events' action codes, for a caller that has the curve already."""
+    grow = np.flatnonzero((actions == A_SEG_ALLOC) | (actions == A_MAP))
+    if len(grow):
+        i = int(grow[np.argmax(res[grow])])
+    else:
+        i = int(np.argmax(res))
+    return int(res[i]), i + 1

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -105,6 +106,11 @@ class TraceLimits:
 DEFAULT_LIMITS = TraceLimits()
 
 
+#: GLOBAL (``c``) or INST (``i``) with its two newline-terminated names: how a protocol 0/1
+#: pickle that calls something starts.
+_PICKLE_GLOBAL = re.compile(rb"[ci][A-Za-z_][\w.]{0,40}\n[A-Za-z_][\w.]{0,40}\n")
+
+
 def sniff_format(head: bytes) -> str | None:
     """Guess a file's format from its first bytes: "compact", "json", "pickle" or None."""
     if head.startswith(COMPACT_MAGIC):
@@ -114,6 +120,10 @@ def sniff_format(head: bytes) -> str | None:
         return "json"
     if head[:1] == b"\x80" or head[:1] in (b"(", b"]", b"}"):
         return "pickle"  # protocol >= 2 starts with PROTO; 0/1 with MARK or an empty container
+    if _PICKLE_GLOBAL.match(head):
+        # protocol 0/1 opening with GLOBAL/INST (``cos\nsystem\n``): a pickle that names a
+        # global, refused as hostile by the unpickler rather than called an unknown format
+        return "pickle"
     return None
 
 

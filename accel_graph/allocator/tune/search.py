@@ -50,10 +50,10 @@ from ..core.settings import POLICIES, POLICY_KEYS
 from ..sim import profiles as _profiles
 from ..sim.scenario import make_scenario, recorded_settings, simulate
 from ..units import MIB
-from .ranking import OBJECTIVES, Candidate, pareto_front, rank
+from .ranking import OBJECTIVES, PEAK_SCOPES, Candidate, pareto_front, peak_of, rank
 from .space import KNOB_VALUES, SearchSpace, build_space, search_space
 
-__all__ = ["DEFAULT_BUDGET", "TuneResult", "tune"]
+__all__ = ["DEFAULT_BUDGET", "WARNING_FREE_SLACK", "TuneResult", "high_warnings", "tune"]
 
 #: configurations evaluated by default (the policy comparison rows come on top).
 DEFAULT_BUDGET = 256
@@ -169,6 +169,12 @@ class TuneResult:
     space_size: int
     seconds: float
     private_pools: bool = False
+    #: the peak reserved the ranking minimised (:data:`~.ranking.PEAK_SCOPES`)
+    peak_scope: str = "recording"
+    #: the best-ranked configuration when it carried a high-severity warning and a
+    #: warning-free one within :data:`WARNING_FREE_SLACK` was recommended instead: its
+    #: ``config``, warning ``codes`` and ``peak_difference`` (bytes the recommendation gives up)
+    passed_over: dict[str, Any] | None = None
 
     @property
     def evaluated(self) -> int:
@@ -212,7 +218,8 @@ def _baseline_choice(space: SearchSpace, s: AllocatorSettings,
 def tune(trace: Any, *, objective: str = "peak", cap: int | None = None,
          profile: str | _profiles.Profile | None = None, budget: int = DEFAULT_BUDGET,
          progress: Callable[[int, int], None] | None = None, device: int = 0, jobs: int = 1,
-         seed: int = 0, compare_policies: bool = True) -> TuneResult:
+         seed: int = 0, compare_policies: bool = True, peak: str = "recording",
+         uses: tuple[str, ...] = ()) -> TuneResult:
     """Search allocator settings for one device of ``trace``.
 
     ``objective``: ``peak``, ``mallocs`` or ``pareto``; ``cap``: device size in bytes (enables
@@ -220,7 +227,12 @@ def tune(trace: Any, *, objective: str = "peak", cap: int | None = None,
     a profile name or device (default: the trace's device, newest torch); ``budget``: how many
     configurations of the profile's policy to evaluate (at least 2); ``progress(done, total)``:
     called after each evaluation; ``jobs``: worker processes (fork); ``seed``: the fill stage's
-    random order. Raises :class:`~accel_graph.errors.UnsupportedTraceError` (unknown
+    random order; ``peak``: the peak reserved the objective minimises (``recording``: the
+    recording's own, the default; ``trace``: the whole trace's, the rebuilt start state
+    included; :data:`~.ranking.PEAK_SCOPES`); ``uses``: the program's features that conflict
+    with expandable segments (:data:`~.advice.USES`), for the high-severity warnings that keep a
+    configuration from being recommended when a warning-free one is within
+    :data:`WARNING_FREE_SLACK` of it. Raises :class:`~accel_graph.errors.UnsupportedTraceError` (unknown
     profile, no events), :class:`~accel_graph.errors.CapacityError` (``cap`` below the
     largest allocation, or no ``cap`` for a trace recorded with a memory fraction) and
     ``ValueError`` for a bad objective or budget.
@@ -229,6 +241,8 @@ def tune(trace: Any, *, objective: str = "peak", cap: int | None = None,
 
     if objective not in OBJECTIVES:
         raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}; got {objective!r}")
+    if peak not in PEAK_SCOPES:
+        raise ValueError(f"peak must be one of {', '.join(PEAK_SCOPES)}; got {peak!r}")
     if budget < 2:
         raise ValueError(f"budget must be at least 2 (the baseline and one candidate); got {budget}")
     if jobs < 1:
@@ -307,7 +321,7 @@ def tune(trace: Any, *, objective: str = "peak", cap: int | None = None,
                   for k, values in space.knobs.items() for v in values])
 
         def best_values(top: int) -> dict[str, list[Any]]:
-            order = rank(list(evaluated.values()), objective)
+            order = rank(list(evaluated.values()), objective, peak)
             pos = {id(c): i for i, c in enumerate(order)}
             out: dict[str, list[Any]] = {}
             for k, values in space.knobs.items():
@@ -339,7 +353,7 @@ def tune(trace: Any, *, objective: str = "peak", cap: int | None = None,
         submit("combine", [point(es, dict(zip(names, combo))) for es in space.expandable
                            for combo in itertools.product(*(top[n] for n in names))])
         # 5. one-knob neighbours of the best few
-        best = [c for c in rank(list(evaluated.values()), objective) if c.choice is not None]
+        best = [c for c in rank(list(evaluated.values()), objective, peak) if c.choice is not None]
         pts = []
         for c in best[:_REFINE_TOP]:
             assert c.choice is not None and c.es is not None
@@ -358,7 +372,7 @@ def tune(trace: Any, *, objective: str = "peak", cap: int | None = None,
             submit("fill", (point(*grid[i]) for i in order.tolist()))
         # the other engine policies, for comparison
         alts: list[Candidate] = []
-        ranked = rank(list(evaluated.values()), objective)
+        ranked = rank(list(evaluated.values()), objective, peak)
         for ap in alt_policies:
             cfgs = dict.fromkeys([c for c in (baseline.config, "", ranked[0].config)
                                   if c is not None]
@@ -375,9 +389,11 @@ def tune(trace: Any, *, objective: str = "peak", cap: int | None = None,
             progress(ev.done, ev.done)
     finally:
         ev.close()
-    ranked = rank(list(evaluated.values()), objective)
-    front = pareto_front(ranked)
-    recommended = ranked[0]
+    ranked = rank(list(evaluated.values()), objective, peak)
+    front = pareto_front(ranked, peak)
+    private = _private_pools(trace, device)
+    recommended, passed_over = _prefer_warning_free(ranked, peak, space.profile, space.device,
+                                                    uses, private)
     summary = recorded_summary(trace, device)
     if cap is None or rec.per_process_memory_fraction < 1.0:
         acc_base = baseline  # a recorded fraction needs the cap to have a size
@@ -391,8 +407,47 @@ def tune(trace: Any, *, objective: str = "peak", cap: int | None = None,
         pareto=front, alternatives=alts, recommended=recommended, accuracy=accuracy,
         skipped=list(space.skipped), stages=stages, rejected=rejected,
         space_size=len(search_space(trace, space.profile, cap)),
-        seconds=time.perf_counter() - t0, private_pools=_private_pools(trace, device),
+        seconds=time.perf_counter() - t0, private_pools=private,
+        peak_scope=peak, passed_over=passed_over,
     )
+
+
+#: A configuration that carries one of the tool's own high-severity warnings is recommended
+#: only when no warning-free configuration comes within this fraction of its peak.
+WARNING_FREE_SLACK = 0.001
+
+
+def high_warnings(c: Candidate, profile: _profiles.Profile, device: str,
+                  uses: tuple[str, ...] = (), private_pools: bool = False) -> list[str]:
+    """Codes of the high-severity warnings :func:`~.advice.advise` gives ``c``'s config (the
+    environment not considered: it is the same for every configuration)."""
+    from .advice import advise
+
+    if c.config is None:
+        return []
+    settings = parse_config(c.config, device)
+    return [a.code for a in advise(settings, profile, uses=uses, private_pools=private_pools)
+            if a.severity == "high"]
+
+
+def _prefer_warning_free(ranked: list[Candidate], scope: str, profile: _profiles.Profile,
+                         device: str, uses: tuple[str, ...], private_pools: bool
+                         ) -> tuple[Candidate, dict[str, Any] | None]:
+    """``ranked[0]``, unless it carries a high-severity warning and a warning-free candidate
+    with no more out-of-memory events is within :data:`WARNING_FREE_SLACK` of its peak (of
+    ``scope``): then the best such one, and what was passed over."""
+    top = ranked[0]
+    codes = high_warnings(top, profile, device, uses, private_pools)
+    if not codes:
+        return top, None
+    limit = peak_of(top, scope) * (1 + WARNING_FREE_SLACK)
+    for c in ranked[1:]:
+        if c.ooms <= top.ooms and peak_of(c, scope) <= limit and not high_warnings(
+                c, profile, device, uses, private_pools):
+            return c, {"config": top.config, "label": top.label, "codes": codes,
+                       "peak_difference": peak_of(c, scope) - peak_of(top, scope),
+                       "peak_scope": scope}
+    return top, None
 
 
 def _accuracy(baseline: Candidate, rec: dict[str, Any], as_config: bool) -> dict[str, Any]:

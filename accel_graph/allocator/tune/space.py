@@ -7,6 +7,7 @@ knobs are skipped, and why); :func:`search_space` is its full grid as canonical 
 
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +34,16 @@ KNOB_VALUES: dict[str, tuple[Any, ...]] = {
     "large_segment_size_mb": (32, 64),
     "gc": tuple((thr, frac) for thr in (0.6, 0.8) for frac in (0.9, 0.95)),
 }
+
+
+@functools.lru_cache(maxsize=16384)
+def _canonical(text: str, device: str) -> str | None:
+    """:meth:`SearchSpace.canonical`, memoised: a search parses the same few hundred strings
+    several times (every stage, and the full grid for its size), and parsing is pure."""
+    try:
+        return parse_config(text, device).to_string()
+    except ConfigError:
+        return None
 
 
 @dataclass(frozen=True)
@@ -72,10 +83,7 @@ class SearchSpace:
 
     def canonical(self, text: str) -> str | None:
         """The canonical form of ``text`` on this device, or None when torch would reject it."""
-        try:
-            return parse_config(text, self.device).to_string()
-        except ConfigError:
-            return None
+        return _canonical(text, self.device)
 
     def grid(self) -> list[tuple[bool, dict[str, Any]]]:
         """Every grid point (valid or not), in a fixed order."""

@@ -136,8 +136,12 @@ def render(p: dict[str, Any]) -> str:
         lines.append("start: from empty (nothing reserved or live before the first event)")
 
     rows = [
-        ["peak reserved", fmt_bytes(pk["reserved"]), f"{pk['reserved']:,}",
-         "segments (segment_alloc/map minus free/unmap)"],
+        ["peak reserved (whole trace)", fmt_bytes(pk["reserved"]), f"{pk['reserved']:,}",
+         "segments (segment_alloc/map minus free/unmap), the start state included"
+         + (": reached at the start" if pk.get("reserved_is_start_state") else "")],
+        ["peak reserved (recording)", fmt_bytes(pk["reserved_in_recording"]),
+         f"{pk['reserved_in_recording']:,}",
+         "highest right after a segment_alloc/map event of the recording"],
         ["peak allocated", fmt_bytes(pk["allocated"]), f"{pk['allocated']:,}",
          "live blocks, block bytes"],
         ["peak requested", fmt_bytes(pk["requested"]), f"{pk['requested']:,}",
@@ -158,7 +162,8 @@ def render(p: dict[str, Any]) -> str:
     waste = p["waste_at_peak"]
     total = at["reserved"] - at["requested"]
     moment = ("at the snapshot" if not ev["total"] else
-              f"after event {at['after_event_index']:,}")
+              "at the start of the recording, the state it inherited"
+              if at["state"] == 0 else f"after event {at['after_event_index']:,}")
     lines += ["", f"Waste at the peak of reserved ({moment}: "
               f"reserved {fmt_bytes(at['reserved'])}, requested {fmt_bytes(at['requested'])}, "
               f"{at['segments']} segments)"]
@@ -177,12 +182,29 @@ def render(p: dict[str, Any]) -> str:
         lines += [f"- {_LABELS.get(a['component'], a['component'])} ({fmt_bytes(a['bytes'])}): "
                   f"{a['advice']}" for a in p["advice"]]
 
-    lines += ["", "Top allocation sites (requested bytes live at the peak of reserved)"]
+    lines += ["", "Top allocation sites (first user Python frame; rule below)"]
     if p["sites"]:
-        srows = [[s["site"], fmt_bytes(s["live_at_peak_bytes"]), s["live_at_peak_count"],
-                  fmt_bytes(s["allocated_bytes"]), s["allocations"]] for s in p["sites"]]
-        lines.append(format_table(["site", "live at peak", "blocks", "allocated in trace",
-                                   "allocations"], srows, align="lrrrr"))
+        for title, key, name in (
+                (f"by requested bytes live at the peak of reserved ({moment})", "sites", "site"),
+                ("by requested bytes allocated over the whole run", "sites_over_run", "site"),
+                (f"by user call stack, live at the peak of reserved ({moment})", "stacks", "stack"),
+                ("by user call stack, over the whole run", "stacks_over_run", "stack")):
+            srows = [[s[name], fmt_bytes(s["live_at_peak_bytes"]), s["live_at_peak_count"],
+                      fmt_bytes(s["allocated_bytes"]), s["allocations"]] for s in p.get(key, [])]
+            if srows:
+                lines += [title, format_table([name, "live at peak", "blocks", "allocated in run",
+                                               "allocations"], srows, align="lrrrr")]
+        ar = p.get("at_recording_peak") or {}
+        for key, name in (("sites", "site"), ("stacks", "stack")):
+            srows = [[s[name], fmt_bytes(s["live_at_peak_bytes"]), s["live_at_peak_count"],
+                      fmt_bytes(s["allocated_bytes"]), s["allocations"]] for s in ar.get(key, [])]
+            if srows:
+                lines += [f"by {'site' if key == 'sites' else 'user call stack'}, live at the "
+                          f"recording's own peak (after event {ar['after_event_index']:,}: "
+                          f"reserved {fmt_bytes(ar['reserved'])})",
+                          format_table([name, "live at peak", "blocks", "allocated in run",
+                                        "allocations"], srows, align="lrrrr")]
+        lines.append(f"frame rule: {p['sites_rule']}")
     else:
         lines.append(p.get("sites_note") or "no allocation sites to list")
     if p.get("notes"):

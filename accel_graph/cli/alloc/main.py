@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 
 from ..main import build_parser, package_version
-from .options import EXIT_INTERNAL, EXIT_USAGE, CliError
+from .options import EXIT_INTERNAL, EXIT_USAGE, CliError, OneLineParser
 
 __all__ = ["COMMANDS", "PROG", "main"]
 
@@ -48,7 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``accel-alloc``; returns the exit status."""
     args_list = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(args_list, prog=PROG, commands=COMMANDS, description=DESCRIPTION,
-                          version=package_version())
+                          version=package_version(), parser_class=OneLineParser)
     try:
         args = parser.parse_args(args_list)
     except SystemExit as e:  # argparse: --help/--version exit 0, usage errors exit 2
@@ -67,6 +67,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:  # `accel-alloc ... | head`
         return 0
+    except MemoryError as e:  # str(MemoryError()) is "": say what ran out and what to do
+        detail = f" ({e})" if str(e) else ""
+        print(f"{PROG} {args.command}: error: out of host memory{detail}; the trace needs more "
+              "memory than this machine has free: close other programs, or convert it with "
+              "accel_graph.allocator.traces.save_trace(..., format='compact') (no stack "
+              "frames, memory-mapped)", file=sys.stderr)
+        return EXIT_INTERNAL
     except Exception as e:  # a bug: say so, with the type, and keep the code distinct
         import traceback
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 __all__ = [
     "EXIT_BAD_CONFIG",
@@ -45,6 +45,7 @@ __all__ = [
     "EXIT_USAGE",
     "SCHEMA_VERSION",
     "CliError",
+    "OneLineParser",
     "add_cap_option",
     "add_json_option",
     "add_profile_option",
@@ -76,6 +77,15 @@ class CliError(Exception):
     def __init__(self, message: str, code: int) -> None:
         super().__init__(message)
         self.code = code
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An argparse parser whose usage errors are one line on stderr, as every other error of
+    ``accel-alloc`` (``accel-alloc tune: error: ...; see accel-alloc tune --help``), exit 2.
+    argparse's own form (the usage block, then the message) spans several lines."""
+
+    def error(self, message: str) -> NoReturn:  # noqa: D102 - argparse's contract
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}; see {self.prog} --help\n")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -170,7 +180,8 @@ def add_cap_option(parser: argparse.ArgumentParser, role: str = (
         "events")) -> None:
     """``--cap BYTES``: the simulated device size; ``role`` says what it does for the command."""
     parser.add_argument("--cap", type=parse_size, default=None, metavar="BYTES",
-                        help=f"device memory to simulate (e.g. 80GiB): {role}")
+                        help=f"device memory to simulate (e.g. 80GiB; binary units: GB means "
+                        f"GiB, 2**30 bytes, as nvidia-smi counts): {role}")
 
 
 

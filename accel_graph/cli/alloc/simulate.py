@@ -56,7 +56,45 @@ def simulate_payload(trace: Any, args: argparse.Namespace, device: int) -> dict[
 
     scenario = scenario_from_args(args, trace, device=device)
     result = guarded(lambda: simulate(trace, scenario, device=device))
-    return {"predicted": result.to_json(), "recorded": recorded_summary(trace, device)}
+    rec = recorded_summary(trace, device)
+    pred = result.to_json()
+    return {"predicted": pred, "recorded": rec,
+            "start_state": start_state(rec, pred),
+            "effects": effects(trace, scenario, result, device)}
+
+
+def start_state(rec: dict[str, Any], pred: dict[str, Any]) -> dict[str, Any]:
+    """Start reserved as recorded and as the replay rebuilt it under the scenario's settings
+    (the prologue allocates the pre-existing blocks and segments again, and a setting such as
+    roundup_power2_divisions, max_split_size_mb or expandable segments can make them bigger)."""
+    r, b = int(rec["start_reserved"]), int(pred["start_reserved"])
+    return {"recorded": r, "rebuilt": b, "rebuilt_minus_recorded": b - r,
+            "rebuilt_relative": round(b / r - 1, 6) if r else None}
+
+
+def effects(trace: Any, scenario: Any, result: Any, device: int) -> dict[str, Any] | None:
+    """The scenario's effect against the recorded settings, both simulated, split into its
+    effect on the rebuilt start state and on the recording itself (its own peak: the highest
+    reserved right after a growth event); None when the scenario is the recorded settings."""
+    from ...allocator.sim.scenario import make_scenario, simulate
+
+    if scenario.config is None and scenario.policy == scenario.profile.policy:
+        return None
+    base_sc = guarded(lambda: make_scenario(trace, None, profile=scenario.profile,
+                                            cap=scenario.cap, device=device))
+    base = guarded(lambda: simulate(trace, base_sc, device=device))
+    d_rec = result.peak_reserved_recording - base.peak_reserved_recording
+    return {
+        "against": "the recorded settings, simulated with the same profile and cap",
+        "on_start_state": result.start_reserved - base.start_reserved,
+        "on_recording_peak": d_rec,
+        "on_recording_peak_relative": (round(d_rec / base.peak_reserved_recording, 6)
+                                       if base.peak_reserved_recording else None),
+        "on_whole_trace_peak": result.peak_reserved - base.peak_reserved,
+        "baseline_peak_reserved": base.peak_reserved,
+        "baseline_peak_reserved_recording": base.peak_reserved_recording,
+        "baseline_start_reserved": base.start_reserved,
+    }
 
 
 def run(args: argparse.Namespace) -> int:
@@ -78,7 +116,12 @@ def run(args: argparse.Namespace) -> int:
 def render(payload: dict[str, Any]) -> str:
     p, r = payload["predicted"], payload["recorded"]
     rows = [
-        ["peak reserved", fmt_bytes(p["peak_reserved"]), fmt_bytes(r["peak_reserved"])],
+        ["peak reserved (whole trace, start included)", fmt_bytes(p["peak_reserved"]),
+         fmt_bytes(r["peak_reserved"])],
+        ["peak reserved (the recording's own)", fmt_bytes(p["peak_reserved_recording"]),
+         fmt_bytes(r["peak_reserved_recording"])],
+        ["start reserved (rebuilt / recorded)", fmt_bytes(p["start_reserved"]),
+         fmt_bytes(r["start_reserved"])],
         ["peak allocated", fmt_bytes(p["peak_allocated"]), "-"],
         ["final reserved", fmt_bytes(p["final_reserved"]), fmt_bytes(r["final_reserved"])],
         ["device mallocs (segment_alloc)", p["device_mallocs"], r["segment_alloc"]],
@@ -98,5 +141,23 @@ def render(payload: dict[str, Any]) -> str:
             f"fits in {fmt_bytes(p['cap'])}: " + (
                 f"yes, {fmt_bytes(p['headroom'])} never reserved at the peak" if p["fits"] else
                 f"no: {p['ooms']} allocation(s) failed after {p['retries']} retries"))
+    st = payload.get("start_state")
+    if st and st["rebuilt_minus_recorded"]:
+        lines.append(f"start state: recorded {fmt_bytes(st['recorded'])}, rebuilt under this "
+                     f"config {fmt_bytes(st['rebuilt'])} ({_signed(st['rebuilt_minus_recorded'])}): "
+                     "the blocks and segments that existed before the recording, allocated "
+                     "again under these settings")
+    e = payload.get("effects")
+    if e:
+        rel = e["on_recording_peak_relative"]
+        lines.append(
+            f"effect vs the recorded settings (both simulated): on the start state "
+            f"{_signed(e['on_start_state'])}; on the recording's own peak "
+            f"{_signed(e['on_recording_peak'])}" + ("" if rel is None else f" ({100 * rel:+.2f}%)")
+            + f"; on the whole-trace peak {_signed(e['on_whole_trace_peak'])}")
     lines += [f"note: {n}" for n in p["notes"]]
     return "\n".join(lines)
+
+
+def _signed(n: int) -> str:
+    return ("+" if n >= 0 else "-") + fmt_bytes(abs(n))

@@ -31,7 +31,7 @@ from .options import (
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ...allocator.tune.ranking import OBJECTIVES
+    from ...allocator.tune.ranking import OBJECTIVES, PEAK_SCOPES
     from ...allocator.tune.search import DEFAULT_BUDGET
 
     add_trace_options(parser)
@@ -39,6 +39,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="peak: lowest peak reserved; mallocs: fewest device mallocs/frees/"
                         "maps/unmaps within 5%% of the lowest peak; pareto: the knee of the "
                         "peak-vs-device-calls front (default: peak)")
+    parser.add_argument("--peak", choices=PEAK_SCOPES, default="recording",
+                        help="which peak reserved the objective minimises: recording = the "
+                        "peak the recording itself produced (highest reserved right after a "
+                        "segment_alloc/map event; the default), trace = the whole trace's, the "
+                        "start state rebuilt under each config included")
     add_cap_option(parser, "configurations that run out of memory rank last; enables "
                    "garbage_collection_threshold + per_process_memory_fraction candidates")
     add_profile_option(parser)
@@ -109,11 +114,15 @@ def tune_payload(trace: Any, args: argparse.Namespace, device: int, uses: tuple[
     try:
         result = guarded(lambda: tune(trace, objective=args.objective, cap=args.cap,
                                       profile=args.profile, budget=args.budget, progress=bar,
-                                      device=device, jobs=args.jobs))
+                                      device=device, jobs=args.jobs,
+                                      peak=getattr(args, "peak", "recording"), uses=uses))
     finally:
         bar.close()
+    from ...allocator.tune.versions import infer_torch
+
     payload = result_payload(result, trace=args.trace, device_type=trace.device_type,
-                             top=args.top, uses=uses, environ=environ)
+                             top=args.top, uses=uses, environ=environ,
+                             trace_torch=infer_torch(trace, device))
     payload["floor"] = _floor(trace, device, payload["recommendation"]["peak_reserved"])
     return payload
 
@@ -130,12 +139,14 @@ def _floor(trace: Any, device: int, recommended_peak: int) -> dict[str, Any]:
 
 
 def result_payload(result: Any, *, trace: str, device_type: str | None, top: int = 10,
-                   uses: tuple[str, ...] = (), environ: Any = None) -> dict[str, Any]:
+                   uses: tuple[str, ...] = (), environ: Any = None,
+                   trace_torch: dict[str, Any] | None = None) -> dict[str, Any]:
     """The ``accel-alloc/tune/1`` document for a :class:`~accel_graph.allocator.tune.search.TuneResult`."""
     from ...allocator.alloc_conf import parse_config
     from ...allocator.sim.scenario import CONFIG_DEVICE
     from ...allocator.tune.advice import advise, env_assignment
-    from ...allocator.tune.ranking import Candidate
+    from ...allocator.tune.ranking import Candidate, rank
+    from ...allocator.tune.versions import version_warnings
 
     base = result.baseline
     prof = result.profile
@@ -169,12 +180,23 @@ def result_payload(result: Any, *, trace: str, device_type: str | None, top: int
                             "reference": "allocator-semantics.md 6 item 5",
                             "message": "the recommended configuration still runs out of memory "
                             "under the cap"})
+    if trace_torch is None:
+        trace_torch = {"at_least": None, "evidence": [], "exact": False}
+    warnings += [a.to_json() for a in version_warnings(cfg, prof, trace_torch)]
     without_es = None
     if settings.expandable_segments:
-        alt = next((c for c in result.candidates if c.config is not None
-                    and "expandable_segments:True" not in c.config), None)
-        if alt is not None:
-            without_es = row(alt)
+        # the objective's own rule over the configurations without expandable segments (for
+        # mallocs: within 5 % of *their* lowest peak), not the first of them in the full order
+        no_es = [c for c in result.candidates if c.config is not None
+                 and "expandable_segments:True" not in c.config]
+        if no_es:
+            without_es = row(rank(no_es, result.objective, result.peak_scope)[0])
+    lo, hi = prof.torch_versions
+    torch_info = {
+        "assumed": f"{lo[0]}.{lo[1]}" + (" or later" if hi[1] >= 99 else f"-{hi[0]}.{hi[1]}"),
+        "profile": prof.name,
+        "trace": trace_torch,
+    }
     acc = result.accuracy
     recommendation = {
         **row(rec),
@@ -183,6 +205,8 @@ def result_payload(result: Any, *, trace: str, device_type: str | None, top: int
         **assign.to_json(),
         "expected_peak_error_pct": acc["peak_error_pct"],
         "best_without_expandable_segments": without_es,
+        "passed_over": result.passed_over,
+        "torch": torch_info,
     }
     return {
         "schema": f"accel-alloc/tune/{SCHEMA_VERSION}",
@@ -192,6 +216,7 @@ def result_payload(result: Any, *, trace: str, device_type: str | None, top: int
         "profile": prof.name,
         "policy": result.policy,
         "objective": result.objective,
+        "peak_scope": result.peak_scope,
         "cap": result.cap,
         "budget": result.budget,
         "evaluated": result.evaluated,
@@ -214,34 +239,45 @@ def result_payload(result: Any, *, trace: str, device_type: str | None, top: int
     }
 
 
-def _pct(d: dict[str, Any]) -> str:
-    rel = d["delta"]["peak_reserved_relative"]
-    sign = "+" if d["delta"]["peak_reserved"] >= 0 else "-"
-    head = f"{sign}{fmt_bytes(abs(d['delta']['peak_reserved']))}"
+def _pct(d: dict[str, Any], scope: str = "trace") -> str:
+    key = "peak_reserved" if scope == "trace" else "peak_reserved_recording"
+    rel = d["delta"].get(f"{key}_relative")
+    n = d["delta"].get(key, 0)
+    head = ("+" if n >= 0 else "-") + fmt_bytes(abs(n))
     return head if rel is None else f"{head} ({100 * rel:+.1f}%)"
 
 
-def _table(rows: list[dict[str, Any]], rank: bool = False, policy: bool = False) -> str:
+def _table(rows: list[dict[str, Any]], rank: bool = False, policy: bool = False,
+           scope: str = "recording") -> str:
     headers = (["rank"] if rank else []) + ["config"] + (["policy"] if policy else []) + [
-        "peak reserved", "vs baseline", "mallocs/frees", "maps/unmaps", "ooms", "frag"]
+        "peak (recording)", "peak (whole trace)", "start (rebuilt)", "vs baseline",
+        "mallocs/frees", "maps/unmaps", "ooms", "frag"]
     body = []
     for r in rows:
         label = r["label"] + (f"  (+{r['equivalent']} equivalent)" if r.get("equivalent") else "")
         body.append(([r["rank"]] if rank else []) + [label] + ([r["policy"]] if policy else []) + [
-            fmt_bytes(r["peak_reserved"]), _pct(r),
+            fmt_bytes(r["peak_reserved_recording"]), fmt_bytes(r["peak_reserved"]),
+            fmt_bytes(r["start_reserved"]), _pct(r, scope),
             f"{r['device_mallocs']}/{r['device_frees']}",
             f"{r['segment_maps']}/{r['segment_unmaps']}",
             f"{r['ooms']}" + (" OOM" if r["oom"] else ""),
             f"{100 * r['fragmentation_at_peak']:.1f}%"])
-    align = ("r" if rank else "") + "l" + ("l" if policy else "") + "rrrrrr"
+    align = ("r" if rank else "") + "l" + ("l" if policy else "") + "rrrrrrrr"
     return format_table(headers, body, align=align)
+
+
+def _signed_bytes(n: int) -> str:
+    return ("+" if n >= 0 else "-") + fmt_bytes(abs(n))
 
 
 def render(p: dict[str, Any]) -> str:
     b = p["baseline"]
+    scope = p.get("peak_scope", "recording")
     lines = [
         f"{p['trace']}: device {p['device']} ({p.get('device_type') or 'unknown'}), profile "
-        f"{p['profile']}, policy {p['policy']}, objective {p['objective']}"
+        f"{p['profile']}, policy {p['policy']}, objective {p['objective']} on the "
+        + ("recording's own peak reserved" if p.get("peak_scope", "recording") == "recording"
+           else "whole-trace peak reserved (start state included)")
         + (f", cap {fmt_bytes(p['cap'])}" if p["cap"] else ""),
         f"evaluated {p['evaluated']} configurations ({p['distinct_results']} distinct results) "
         f"of {p['space_size']} in the search space, plus {p['alternatives_evaluated']} under "
@@ -251,29 +287,50 @@ def render(p: dict[str, Any]) -> str:
         lines.append(f"skipped {s['knob']}: {s['reason']}")
     lines += [
         "",
-        f"baseline (recorded settings: {b['label']}): peak reserved {fmt_bytes(b['peak_reserved'])}, "
+        f"baseline (recorded settings: {b['label']}): peak reserved "
+        f"{fmt_bytes(b['peak_reserved_recording'])} in the recording, "
+        f"{fmt_bytes(b['peak_reserved'])} over the whole trace (start "
+        f"{fmt_bytes(b['start_reserved'])}), "
         f"device mallocs/frees {b['device_mallocs']}/{b['device_frees']}, maps/unmaps "
         f"{b['segment_maps']}/{b['segment_unmaps']}, ooms {b['ooms']}, fragmentation at peak "
         f"{100 * b['fragmentation_at_peak']:.1f}%",
         "",
         f"ranked by {p['objective']} (top {len(p['ranked'])} of {p['distinct_results']} distinct "
         "results; equivalent configs folded):",
-        _table(p["ranked"], rank=True),
+        _table(p["ranked"], rank=True, scope=scope),
         "",
         "Pareto front (peak reserved vs device mallocs + frees + maps + unmaps):",
-        _table(p["pareto"]),
+        _table(p["pareto"], scope=scope),
     ]
     if p["alternative_policies"]:
         lines += ["", "other allocator policies, for comparison (not selectable with an "
-                  "environment variable):", _table(p["alternative_policies"], policy=True)]
+                  "environment variable):", _table(p["alternative_policies"], policy=True, scope=scope)]
     r = p["recommendation"]
     acc = p["accuracy"]
     err = acc["peak_error_pct"]
     lines += ["", f"recommendation: {r['label']}"]
+    t = r.get("torch")
+    if t:
+        seen = t["trace"]["at_least"]
+        lines.append(f"  assumes torch {t['assumed']} (profile {t['profile']}); the trace shows "
+                     + (f"torch {seen} or later" if seen else "no torch version")
+                     + (f" ({'; '.join(t['trace']['evidence'])})" if t["trace"]["evidence"]
+                        else ""))
+    po = r.get("passed_over")
+    if po:
+        lines.append(f"  preferred over {po['label']} (ranked first, {_signed_bytes(po['peak_difference'])} "
+                     f"peak): it carries the high-severity warning(s) {', '.join(po['codes'])}, "
+                     "and this warning-free one is within 0.1 %")
     if r["same_as_baseline"]:
         lines.append("  the recorded settings are already the best found for this objective")
     lines += [
-        f"  peak reserved {fmt_bytes(r['peak_reserved'])}, {_pct(r)} vs baseline; device "
+        f"  peak reserved {fmt_bytes(r['peak_reserved_recording'])} in the recording "
+        f"({_pct(r, 'recording')} vs baseline), {fmt_bytes(r['peak_reserved'])} over the whole "
+        f"trace ({_pct(r)}), start rebuilt at {fmt_bytes(r['start_reserved'])}"
+        + (f" ({_signed_bytes(r['delta']['start_reserved'])} vs the recorded settings: the "
+           "setting's effect on the state before the recording)"
+           if r["delta"].get("start_reserved") else "")
+        + "; device "
         f"calls {r['device_calls']} (baseline {b['device_calls']}); ooms {r['ooms']}",
     ]
     fl = p.get("floor")
@@ -302,13 +359,22 @@ def render(p: dict[str, Any]) -> str:
     alt = r["best_without_expandable_segments"]
     if alt is not None:
         lines.append(f"  best without expandable segments: {alt['label']} "
-                     f"(peak {fmt_bytes(alt['peak_reserved'])}, {_pct(alt)}; device calls "
+                     f"(peak {fmt_bytes(alt['peak_reserved_recording'])} in the recording, "
+                     f"{_pct(alt, 'recording')}; whole trace {fmt_bytes(alt['peak_reserved'])}; "
+                     "device calls "
                      f"{alt['device_calls']})")
     if p["warnings"]:
         lines += ["", "warnings:"]
         for w in p["warnings"]:
             lines.append(f"  [{w['severity']}] {w['code']}: {w['message']} ({w['reference']})")
     notes = sorted(set(r["notes"]))
+    if b["peak_reserved"] != b["peak_reserved_recording"]:
+        which = ("the recording's own peak (the default; --peak trace ranks on the whole trace)"
+                 if scope == "recording" else "the whole-trace peak (--peak trace)")
+        notes.append(f"the whole-trace peak ({fmt_bytes(b['peak_reserved'])}) is not the "
+                     f"recording's own ({fmt_bytes(b['peak_reserved_recording'])}): the trace "
+                     "inherits its start state (a cache filled before the recording); ranked on "
+                     + which)
     if notes:
         lines += [""] + [f"note: {n}" for n in notes]
     return "\n".join(lines)

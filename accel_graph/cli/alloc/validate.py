@@ -27,7 +27,7 @@ from .options import (
 )
 
 _COUNTS = ("segment_alloc", "segment_free", "segment_map", "segment_unmap")
-_BYTES = ("peak_reserved", "final_reserved")
+_BYTES = ("peak_reserved", "peak_reserved_recording", "final_reserved")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -72,7 +72,9 @@ def validate_payload(trace: Any, device: int, profile: str | None,
     rec = recorded_summary(trace, device)
     pairs = {"segment_alloc": "device_mallocs", "segment_free": "device_frees",
              "segment_map": "segment_maps", "segment_unmap": "segment_unmaps",
-             "peak_reserved": "peak_reserved", "final_reserved": "final_reserved"}
+             "peak_reserved": "peak_reserved",
+             "peak_reserved_recording": "peak_reserved_recording",
+             "final_reserved": "final_reserved"}
     metrics = {}
     for key, skey in pairs.items():
         s, r = int(sim[skey]), int(rec[key])
@@ -135,6 +137,9 @@ def render(payload: dict[str, Any]) -> str:
         "",
         format_table(["metric", "simulated", "recorded", "error", "relative"], rows, align="lrrrr"),
         "",
+        f"start reserved: recorded {fmt_bytes(payload['start_reserved']['recorded'])}, rebuilt "
+        f"{fmt_bytes(payload['start_reserved']['simulated'])} (the state before the first "
+        "event, allocated again by the replay's prologue)",
         f"segment sizes: {sz['equal_in_order']} of {sz['recorded']} recorded equal in order, "
         f"{sz['equal_as_multiset']} as a multiset (simulated {sz['simulated']})",
         "verdict: " + ("exact" if payload["exact"] else
