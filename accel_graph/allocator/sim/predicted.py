@@ -150,7 +150,7 @@ def predicted_trace(trace: Trace, sim: Any, *, source: str | None = None) -> Tra
     source, notes). Raises ValueError when the replay kept no events or layout.
     """
     replay = sim.replay
-    if replay is None or replay.events is None or not replay.layout:
+    if replay is None or replay.events is None or replay.layout is None:
         raise ValueError("predicted_trace needs simulate(..., keep_events=True, "
                          "keep_layout=True)")
     device = int(sim.device)
