@@ -92,6 +92,37 @@ def test_predicted_snapshots_of_generated_traces_are_consistent(workload: str) -
         _check_prediction(trace, config, 0)
 
 
+def test_predicted_snapshot_with_out_of_memory_events() -> None:
+    trace = generate("train", seed=0, steps=1)
+    sim0 = simulate(trace, make_scenario(trace, None))
+    cap = (sim0.peak_reserved * 3) // 4  # below the peak: some allocations must fail
+    sim = simulate(trace, make_scenario(trace, None, cap=cap), keep_events=True,
+                   keep_layout=True)
+    assert sim.ooms > 0
+    pred = predicted_trace(trace, sim)
+    ev = pred.events(0)
+    assert (ev["action"] == A_OOM).sum() == sim.ooms
+    assert snapshot_problems(pred.to_snapshot()) == []
+    assert pred.extra[PREDICTION_KEY]["cap"] == cap
+
+
+def test_predicted_snapshot_of_a_trace_that_ends_with_nothing_reserved() -> None:
+    from accel_graph.allocator.traces import Trace
+    from accel_graph.allocator.traces.actions import ACTION_CODE as C
+
+    a, mib = 0x7F0000000000, 1 << 20
+    trace = Trace.from_events([(C["segment_alloc"], a, 20 * mib, 0, 0),
+                               (C["alloc"], a, 8 * mib, 0, 0),
+                               (C["free_requested"], a, 8 * mib, 0, 0),
+                               (C["free_completed"], a, 8 * mib, 0, 0),
+                               (C["segment_free"], a, 20 * mib, 0, 0)], segments=[])
+    sim, pred = _predict(trace, None, 0)
+    assert pred.segments == [] and sim.final_reserved == 0
+    assert snapshot_problems(pred.to_snapshot()) == []
+    with pytest.raises(ValueError, match="keep_layout"):
+        predicted_trace(trace, simulate(trace, make_scenario(trace, None), keep_events=True))
+
+
 def test_predicted_frees_carry_the_recorded_free_frames(npu_dir: Path) -> None:
     trace = load_trace(npu_dir / "snapshot_expandable.pkl")
     _, pred = _predict(trace, None, 0)
