@@ -78,7 +78,8 @@ class ReplayResult(Figures):
     n_ops: int
     replay_seconds: float = 0.0
     inferred_empty_cache: int = 0
-    layout: list[dict[str, Any]] = field(default_factory=list)
+    #: the engine's final layout (``Engine.layout()``) with ``keep_layout=True``, else None
+    layout: list[dict[str, Any]] | None = None
     #: more peaks, torch's definitions: allocated (a Figures field) = block bytes, active =
     #: allocated + pending cross-stream frees, requested = the callers' sizes
     peak_active: int = 0

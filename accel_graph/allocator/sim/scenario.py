@@ -234,13 +234,15 @@ def engine_settings(scenario: Scenario, trace: Any, device: int | None = None) -
 
 
 def simulate(trace: Any, scenario: Scenario, *, device: int = 0, keep_events: bool = False,
-             ops_cache: dict[Any, Any] | None = None) -> SimResult:
+             ops_cache: dict[Any, Any] | None = None, keep_layout: bool = False) -> SimResult:
     """Replay one device's events of ``trace`` under ``scenario`` (one C call).
 
     ``ops_cache``: a dict the caller keeps while simulating one unchanging trace under many
     scenarios (as :func:`~accel_graph.allocator.tune.search.tune` does): the trace-to-ops
     conversion is then made once per distinct input
     (:func:`~accel_graph.allocator.sim.trace_ops.build_ops_reusing`); results are identical.
+    ``keep_events``/``keep_layout``: keep the engine events and final layout in ``replay``
+    (for timelines and :func:`~.predicted.predicted_trace`).
     """
     from .replayer import replay_trace
 
@@ -248,7 +250,7 @@ def simulate(trace: Any, scenario: Scenario, *, device: int = 0, keep_events: bo
         raise UnsupportedTraceError(f"the trace has no events for device {device}")
     es = engine_settings(scenario, trace, device)
     r = replay_trace(trace, es, policy=scenario.policy, device=device, profile=scenario.profile,
-                     ops_cache=ops_cache, keep_events=keep_events)
+                     ops_cache=ops_cache, keep_events=keep_events, keep_layout=keep_layout)
     return SimResult(
         **r.figures(),
         scenario=scenario,

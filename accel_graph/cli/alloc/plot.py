@@ -11,7 +11,11 @@ position in the trace's alloc/free sequence, so every config of one trace lines 
 
 Output by extension: ``.png``, ``.svg``, or ``.html`` (a self-contained page: the figure as
 inline SVG plus a table of the peaks; no external resources). matplotlib is optional
-(``pip install 'accel-graph[plot]'``); without it the command exits 7.
+(``pip install 'accel-graph[plot]'``); without it ``-o`` exits 7.
+
+``--html FILE`` (with or without ``-o``; needs no matplotlib) writes the offline viewer
+(:mod:`.viewer_html`): the timeline with every series' peak marked, and per series the segment
+layout and the top allocation sites at its peak, in one self-contained HTML file.
 """
 
 from __future__ import annotations
@@ -49,9 +53,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_scenario_options(parser, multiple_configs=True)
     parser.add_argument("--recorded", action=argparse.BooleanOptionalAction, default=True,
                         help="also draw the curves the trace recorded (default: yes)")
-    parser.add_argument("-o", "--output", required=True, metavar="FILE",
-                        help="output file: .png, .svg or .html (self-contained page with the "
-                        "figure as inline SVG and a table of the peaks)")
+    parser.add_argument("-o", "--output", metavar="FILE",
+                        help="figure file: .png, .svg or .html (self-contained page with the "
+                        "figure as inline SVG and a table of the peaks); needs matplotlib")
+    parser.add_argument("--html", metavar="FILE",
+                        help="write the offline viewer: one self-contained HTML file with the "
+                        "timeline, each series' segment layout at its peak and its top "
+                        "allocation sites (no matplotlib needed, nothing loaded from a network)")
+    parser.add_argument("--top", type=int, default=10, metavar="N",
+                        help="allocation sites listed per series in --html (default 10)")
     parser.add_argument("--max-points", type=int, default=DEFAULT_MAX_POINTS, metavar="N",
                         help="points per curve after downsampling (peaks kept; default "
                         f"{DEFAULT_MAX_POINTS})")
@@ -84,8 +94,11 @@ def import_matplotlib() -> Any:
 # data
 
 
-def build_series(trace: Any, args: argparse.Namespace, device: int) -> list[dict[str, Any]]:
-    """One entry per simulated config (and the recording): the timeline and its summary."""
+def build_series(trace: Any, args: argparse.Namespace, device: int,
+                 keep_layout: bool = False) -> list[dict[str, Any]]:
+    """One entry per simulated config (and the recording): the timeline and its summary.
+    ``keep_layout``: keep each replay (``"sim"``, with its events and final layout) for the
+    viewer's predicted traces."""
     from ...allocator.analysis.timeline import recorded_timeline, simulated_timeline
     from ...allocator.sim.scenario import make_scenario, simulate
 
@@ -95,7 +108,8 @@ def build_series(trace: Any, args: argparse.Namespace, device: int) -> list[dict
         sc = guarded(lambda cfg=cfg: make_scenario(trace, cfg, policy=args.policy,
                                                    profile=args.profile, cap=args.cap,
                                                    device=device))
-        sim = guarded(lambda sc=sc: simulate(trace, sc, device=device, keep_events=True))
+        sim = guarded(lambda sc=sc: simulate(trace, sc, device=device, keep_events=True,
+                                             keep_layout=keep_layout))
         tl = simulated_timeline(sim, trace)
         series.append({
             "kind": "simulated", "label": sc.label, "config": sc.config,
@@ -105,6 +119,7 @@ def build_series(trace: Any, args: argparse.Namespace, device: int) -> list[dict
             "final_reserved": sim.final_reserved, "device_mallocs": sim.device_mallocs,
             "segment_maps": sim.maps, "ooms": sim.ooms,
             "notes": list(sc.notes) + list(sim.notes),
+            **({"sim": sim} if keep_layout else {}),
         })
     if args.recorded:
         from ...allocator.sim.trace_ops import recorded_summary
@@ -222,7 +237,8 @@ def save(fig: Any, path: str, kind: str, series: list[dict[str, Any]], title: st
         f.write(render_html(svg, series, title))
 
 
-def render_html(svg: str, series: list[dict[str, Any]], title: str) -> str:
+def peaks_table(series: list[dict[str, Any]]) -> str:
+    """The ``<table id="peaks">`` of both HTML outputs: one row per series."""
     head = ["series", "profile", "peak reserved", "peak allocated (requested)",
             "waste at peak", "final reserved", "device mallocs", "maps"]
     rows = []
@@ -233,6 +249,12 @@ def render_html(svg: str, series: list[dict[str, Any]], title: str) -> str:
         rows.append("<tr>" + "".join(
             ('<td class="l">' if j < 2 else "<td>") + html.escape(str(c)) + "</td>"
             for j, c in enumerate(cells)) + "</tr>")
+    return ("<table id=\"peaks\">\n<thead><tr>"
+            + "".join(f"<th>{html.escape(h)}</th>" for h in head)
+            + "</tr></thead>\n<tbody>\n" + "\n".join(rows) + "\n</tbody>\n</table>")
+
+
+def render_html(svg: str, series: list[dict[str, Any]], title: str) -> str:
     notes = sorted({n for s in series for n in s["notes"]})
     note_html = "".join(f"<li>{html.escape(n)}</li>" for n in notes)
     t = html.escape(title)
@@ -247,10 +269,7 @@ def render_html(svg: str, series: list[dict[str, Any]], title: str) -> str:
         f"<h1 style=\"font-size:1.2em\">{t}</h1>\n"
         "<p>Allocated (dashed) and reserved (solid) device memory; the shaded band is "
         "reserved minus allocated. x: position in the trace's alloc/free sequence.</p>\n"
-        f"{svg}\n"
-        "<table id=\"peaks\">\n<thead><tr>"
-        + "".join(f"<th>{html.escape(h)}</th>" for h in head)
-        + "</tr></thead>\n<tbody>\n" + "\n".join(rows) + "\n</tbody>\n</table>\n"
+        f"{svg}\n" + peaks_table(series) + "\n"
         + (f"<ul>{note_html}</ul>\n" if notes else "")
         + "<p style=\"font-size:.8em;color:#777\">accel-alloc plot</p>\n</body>\n</html>\n"
     )
@@ -260,27 +279,71 @@ def render_html(svg: str, series: list[dict[str, Any]], title: str) -> str:
 # command
 
 
+def series_colors(series: list[dict[str, Any]]) -> list[str]:
+    """The colour of each series, as :func:`draw` gives them."""
+    out, n_sim = [], 0
+    for s in series:
+        if s["kind"] == "recorded":
+            out.append(_RECORDED_COLOR)
+        else:
+            out.append(_COLORS[n_sim % len(_COLORS)])
+            n_sim += 1
+    return out
+
+
+def write_viewer(path: str, trace: Any, series: list[dict[str, Any]], device: int,
+                 title: str, args: argparse.Namespace) -> int:
+    """Write the offline viewer (``--html``); returns its size in bytes."""
+    from .viewer_data import series_view
+    from .viewer_html import render_viewer
+
+    views = [guarded(lambda s=s: series_view(trace, s, device, args.top, args.max_points))
+             for s in series]
+    notes = sorted({n for s in series for n in s["notes"]})
+    subtitle = (f"{args.trace}: device {device} ({trace.device_type or 'unknown'}), "
+                f"{len(trace.events(device))} events")
+    page = render_viewer(title, subtitle, views, [series_name(s) for s in series],
+                         series_colors(series), peaks_table(series), notes)
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(page)
+    except OSError as e:
+        raise CliError(f"cannot write {path}: {e.strerror or e}", EXIT_USAGE) from None
+    return len(page.encode("utf-8"))
+
+
 def run(args: argparse.Namespace) -> int:
-    kind = output_kind(args.output)
-    import_matplotlib()  # fail before the (possibly long) replays
+    if not args.output and not args.html:
+        raise CliError("plot needs -o FILE (.png/.svg/.html figure) or --html FILE (the "
+                       "offline viewer), or both", EXIT_USAGE)
+    kind = output_kind(args.output) if args.output else None
+    if args.output:
+        import_matplotlib()  # fail before the (possibly long) replays
     if args.max_points < 8:
         raise CliError("--max-points must be >= 8", EXIT_USAGE)
+    if args.top < 1:
+        raise CliError("--top must be >= 1", EXIT_USAGE)
     trace = load_input(args.trace, args.device_type)
     device = pick_device(trace, args.device)
-    series = build_series(trace, args, device)
+    series = build_series(trace, args, device, keep_layout=bool(args.html))
     profile = next((s["profile"] for s in series if s["profile"]), None)
     title = args.title or (f"{os.path.basename(args.trace)}: device {device} "
                            f"({trace.device_type or 'unknown'})"
                            + (f", profile {profile}" if profile else ""))
-    fig = draw(series, title, args.max_points)
-    try:
-        save(fig, args.output, kind, series, title)
-    except OSError as e:
-        raise CliError(f"cannot write {args.output}: {e.strerror or e}", EXIT_USAGE) from None
-    out = [{k: v for k, v in s.items() if k != "timeline"} for s in series]
+    if args.output:
+        fig = draw(series, title, args.max_points)
+        try:
+            save(fig, args.output, kind or "png", series, title)
+        except OSError as e:
+            raise CliError(f"cannot write {args.output}: {e.strerror or e}",
+                           EXIT_USAGE) from None
+    html_bytes = write_viewer(args.html, trace, series, device, title, args) if args.html else None
+    out = [{k: v for k, v in s.items() if k not in ("timeline", "sim")} for s in series]
     payload = {"schema": f"accel-alloc/plot/{SCHEMA_VERSION}", "trace": args.trace,
                "device": device, "device_type": trace.device_type, "output": args.output,
-               "format": kind, "bytes": os.path.getsize(args.output), "series": out}
+               "format": kind,
+               "bytes": os.path.getsize(args.output) if args.output else None,
+               "html": args.html, "html_bytes": html_bytes, "series": out}
     emit(args, payload, render(payload))
     return 0
 
@@ -289,8 +352,14 @@ def render(payload: dict[str, Any]) -> str:
     rows = [[series_name(s), fmt_bytes(s["peak_reserved"]), fmt_bytes(s["peak_requested"]),
              fmt_bytes(s["waste_at_peak"]), fmt_bytes(s["final_reserved"])]
             for s in payload["series"]]
-    lines = [f"wrote {payload['output']} ({payload['format']}, {fmt_bytes(payload['bytes'])})",
-             "", format_table(["series", "peak reserved", "peak allocated", "waste at peak",
+    lines = []
+    if payload["output"]:
+        lines.append(f"wrote {payload['output']} ({payload['format']}, "
+                     f"{fmt_bytes(payload['bytes'])})")
+    if payload["html"]:
+        lines.append(f"wrote {payload['html']} (offline viewer, "
+                     f"{fmt_bytes(payload['html_bytes'])})")
+    lines += ["", format_table(["series", "peak reserved", "peak allocated", "waste at peak",
                                "final reserved"], rows, align="lrrrr"),
              "(allocated: requested bytes; waste: reserved - allocated at the peak of reserved)"]
     notes = sorted({n for s in payload["series"] for n in s["notes"]})

@@ -4,6 +4,12 @@ JSON (``--json``; schema ``accel-alloc/simulate``, docs/accel-alloc.md): the sce
 profile, policy, cap, notes) and the predicted peak reserved / allocated, device mallocs and
 frees, expandable-segment maps and unmaps, retries, out-of-memory events and fragmentation at
 the peak, next to what the trace recorded.
+
+``--write-snapshot FILE`` also writes the predicted trace (the simulated allocator's events and
+final segments under the chosen settings, :mod:`accel_graph.allocator.sim.predicted`) as a
+PyTorch snapshot pickle for ``python -m torch.cuda._memory_viz`` and memory_viz; the file is
+checked for consistency (:func:`~accel_graph.allocator.traces.snapshot_check.snapshot_problems`)
+before it is written, and an inconsistent one is an internal error, never a file.
 """
 
 from __future__ import annotations
@@ -30,6 +36,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="trace file (snapshot pickle, accel-graph JSON/compact, RMM CSV)")
     add_trace_options(parser, nargs="?")
     add_scenario_options(parser)
+    parser.add_argument("--write-snapshot", metavar="FILE", default=None,
+                        help="also write the predicted trace (simulated events and final "
+                        "segments) as a PyTorch snapshot pickle that torch.cuda._memory_viz "
+                        "and memory_viz open")
     parser.add_argument("--list-profiles", action="store_true",
                         help="list the profiles (torch version x device) and exit")
     add_json_option(parser)
@@ -55,12 +65,18 @@ def simulate_payload(trace: Any, args: argparse.Namespace, device: int) -> dict[
     from ...allocator.sim.trace_ops import recorded_summary
 
     scenario = scenario_from_args(args, trace, device=device)
-    result = guarded(lambda: simulate(trace, scenario, device=device))
+    snapshot_path = getattr(args, "write_snapshot", None)
+    result = guarded(lambda: simulate(trace, scenario, device=device,
+                                      keep_events=bool(snapshot_path),
+                                      keep_layout=bool(snapshot_path)))
     rec = recorded_summary(trace, device)
     pred = result.to_json()
-    return {"predicted": pred, "recorded": rec,
+    body = {"predicted": pred, "recorded": rec,
             "start_state": start_state(rec, pred),
             "effects": effects(trace, scenario, result, device)}
+    if snapshot_path:
+        body["snapshot"] = write_predicted_snapshot(trace, result, snapshot_path, args.trace)
+    return body
 
 
 def start_state(rec: dict[str, Any], pred: dict[str, Any]) -> dict[str, Any]:
@@ -95,6 +111,28 @@ def effects(trace: Any, scenario: Any, result: Any, device: int) -> dict[str, An
         "baseline_peak_reserved_recording": base.peak_reserved_recording,
         "baseline_start_reserved": base.start_reserved,
     }
+
+
+def write_predicted_snapshot(trace: Any, result: Any, path: str, source: str) -> dict[str, Any]:
+    """Write the predicted trace of ``result`` to ``path`` as a snapshot pickle, after checking
+    that it is consistent; returns what the JSON reports about it."""
+    from ...allocator.sim.predicted import predicted_trace
+    from ...allocator.traces import save_trace
+    from ...allocator.traces.snapshot_check import snapshot_problems
+
+    predicted = predicted_trace(trace, result, source=source)
+    device = int(result.device)
+    problems = snapshot_problems(predicted.to_snapshot(), device)
+    if problems:  # a bug of ours: never hand out a file memory_viz would draw wrongly
+        raise RuntimeError("the predicted snapshot is inconsistent: " + "; ".join(problems[:3]))
+    try:
+        save_trace(predicted, path, "pickle")
+    except OSError as e:
+        raise CliError(f"cannot write {path}: {e.strerror or e}", EXIT_USAGE) from None
+    ev = predicted.events(device)
+    return {"path": path, "device": device, "events": len(ev),
+            "segments": len(predicted.segments),
+            "events_with_frames": int((ev["frames"] >= 0).sum())}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -156,6 +194,11 @@ def render(payload: dict[str, Any]) -> str:
             f"{_signed(e['on_recording_peak'])}" + ("" if rel is None else f" ({100 * rel:+.2f}%)")
             + f"; on the whole-trace peak {_signed(e['on_whole_trace_peak'])}")
     lines += [f"note: {n}" for n in p["notes"]]
+    snap = payload.get("snapshot")
+    if snap:
+        lines.append(f"wrote the predicted snapshot {snap['path']} ({snap['events']} events, "
+                     f"{snap['segments']} segments; addresses are the simulated allocator's): "
+                     f"python -m torch.cuda._memory_viz trace_plot {snap['path']} -o out.html")
     return "\n".join(lines)
 
 
