@@ -291,10 +291,20 @@ def _compiled_module(graph: fx.Graph, example: list[torch.Tensor]) -> tuple[Any,
         # emulate_precision_casts: keep eager's rounding of fp16/bf16 intermediates, which
         # Inductor otherwise elides when it fuses low-precision ops (results then differ from
         # eager by more than the fp32 tolerance, e.g. (x.half() + 1).float()).
-        with torch.no_grad(), _static_tracing(), inductor_config.patch(
-            fallback_random=True, emulate_precision_casts=True
-        ):
-            compiled = compile_fx(fx.GraphModule(torch.nn.Module(), graph), example)
+        with inductor_config.patch(fallback_random=True, emulate_precision_casts=True):
+            try:
+                with torch.no_grad(), _static_tracing():
+                    compiled = compile_fx(fx.GraphModule(torch.nn.Module(), graph), example)
+            except RuntimeError as exc:
+                # AOT autograd's synthetic bases (placeholders that overlap in one storage, one
+                # of them written: a backward graph reusing, for a gradient, pool memory of a
+                # forward activation it read and freed) fail under the static shape environment
+                # with "s<N> ... is not tracked with proxy" (torch 2.13). Without it they
+                # compile; only the FX graph cache is lost, for this program.
+                if "is not tracked with proxy" not in str(exc):
+                    raise
+                with torch.no_grad():
+                    compiled = compile_fx(fx.GraphModule(torch.nn.Module(), graph), example)
         _COUNTS["compiles"] += 1
         _MODULES[key] = (compiled, keep)
         while len(_MODULES) > COMPILE_CACHE_SIZE:
