@@ -41,10 +41,13 @@ from .frontend import Graph, graph, graph_pool_handle
 __all__ = ["make_graphed_callables"]
 
 
-def _check_autocast() -> None:
+def _check_autocast(device: torch.device | None) -> None:
     # Autocast's cast cache would hand the capture tensors cast before it (or keep pool tensors
-    # alive after it); torch refuses it for the same reason.
-    if torch.is_autocast_enabled() and torch.is_autocast_cache_enabled():
+    # alive after it); torch refuses it for the same reason. torch checks CUDA's autocast (the
+    # no-argument form); the graphs' own device type is checked too.
+    kinds = [None] if device is None or device.type == "cuda" else [None, device.type]
+    enabled = any(torch.is_autocast_enabled(*([k] if k else [])) for k in kinds)
+    if enabled and torch.is_autocast_cache_enabled():
         raise CaptureError(
             "make_graphed_callables cannot run under autocast with its cast cache enabled: cached "
             "casts would leak into (or out of) the captured graphs. Use "
@@ -280,7 +283,13 @@ class _Graphed:
             # One autograd node per call: forward and backward are graph replays.
             @staticmethod
             def forward(ctx: Any, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-                return outer.run_forward(inputs)
+                out = outer.run_forward(inputs)
+                # Outputs that needed no grad at capture (eager would give them none) get none
+                # here either; torch's wrapper gives every output a grad_fn.
+                ctx.mark_non_differentiable(
+                    *(o for o, s in zip(out, e.outputs, strict=True) if not s.requires_grad)
+                )
+                return out
 
             @staticmethod
             @torch.autograd.function.once_differentiable
@@ -454,7 +463,6 @@ def make_graphed_callables(
         structure, shape, dtype or device, for an argument that requires grad where the
         sample did not, and for parameters replaced after capture.
     """
-    _check_autocast()
     single = not isinstance(callables, tuple)
     funcs: tuple[Any, ...] = (callables,) if single else callables
     samples = (sample_args,) if single else sample_args
@@ -462,6 +470,7 @@ def make_graphed_callables(
         raise ConfigError(f"num_warmup_iters={num_warmup_iters!r}; pass an int >= 0")
     entries = _entries(funcs, samples)
     device = _device_of(entries)
+    _check_autocast(device)
     backend, dev = select_backend(device)
     native = _native_make_graphed(backend, device)
     if native is not None:

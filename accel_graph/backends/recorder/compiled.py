@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import operator
+import re
 import threading
 import time
 from collections import OrderedDict
@@ -57,6 +58,8 @@ COMPILE_CACHE_SIZE = 64
 # cannot be reused by other objects while the key exists). Guarded by _COMPILE_LOCK.
 _MODULES: OrderedDict[tuple, tuple[Any, list[Any]]] = OrderedDict()
 _COUNTS = {"compiles": 0, "hits": 0}
+#: A shape symbol of torch's ShapeEnv (``s29``) in an error message.
+_SHAPE_SYMBOL = re.compile(r"\bs\d+\b")
 
 
 def _static_tracing() -> Any:
@@ -295,13 +298,14 @@ def _compiled_module(graph: fx.Graph, example: list[torch.Tensor]) -> tuple[Any,
             try:
                 with torch.no_grad(), _static_tracing():
                     compiled = compile_fx(fx.GraphModule(torch.nn.Module(), graph), example)
-            except RuntimeError as exc:
+            except (RuntimeError, KeyError) as exc:
                 # AOT autograd's synthetic bases (placeholders that overlap in one storage, one
                 # of them written: a backward graph reusing, for a gradient, pool memory of a
                 # forward activation it read and freed) fail under the static shape environment
-                # with "s<N> ... is not tracked with proxy" (torch 2.13). Without it they
-                # compile; only the FX graph cache is lost, for this program.
-                if "is not tracked with proxy" not in str(exc):
+                # with an error naming a shape symbol ("s29 ... is not tracked with proxy",
+                # KeyError 's70'; torch 2.13). Without it they compile; only the FX graph
+                # cache is lost, for this program. Other failures are not retried.
+                if not _SHAPE_SYMBOL.search(str(exc)):
                     raise
                 with torch.no_grad():
                     compiled = compile_fx(fx.GraphModule(torch.nn.Module(), graph), example)
