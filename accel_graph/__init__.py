@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from .capturable import check_capturable
     from .errors import OutOfMemoryError
     from .frontend import Graph, graph, graph_pool_handle, is_current_stream_capturing
+    from .graphed_callables import make_graphed_callables
     from .runner import GraphRunner, suggest_buckets
 
 #: Public names that need torch, imported on first access so that the allocator tools
@@ -35,6 +36,7 @@ _LAZY: dict[str, str] = {
     "graph": ".frontend",
     "graph_pool_handle": ".frontend",
     "is_current_stream_capturing": ".frontend",
+    "make_graphed_callables": ".graphed_callables",
     "GraphRunner": ".runner",
     "suggest_buckets": ".runner",
 }
@@ -61,5 +63,6 @@ __all__ = [
     "graph",
     "graph_pool_handle",
     "is_current_stream_capturing",
+    "make_graphed_callables",
     "suggest_buckets",
 ]

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import operator
+import re
 import threading
 import time
 from collections import OrderedDict
@@ -57,6 +58,8 @@ COMPILE_CACHE_SIZE = 64
 # cannot be reused by other objects while the key exists). Guarded by _COMPILE_LOCK.
 _MODULES: OrderedDict[tuple, tuple[Any, list[Any]]] = OrderedDict()
 _COUNTS = {"compiles": 0, "hits": 0}
+#: A shape symbol of torch's ShapeEnv (``s29``) in an error message.
+_SHAPE_SYMBOL = re.compile(r"\bs\d+\b")
 
 
 def _static_tracing() -> Any:
@@ -296,10 +299,21 @@ def _compiled_module(graph: fx.Graph, example: list[torch.Tensor]) -> tuple[Any,
         # emulate_precision_casts: keep eager's rounding of fp16/bf16 intermediates, which
         # Inductor otherwise elides when it fuses low-precision ops (results then differ from
         # eager by more than the fp32 tolerance, e.g. (x.half() + 1).float()).
-        with torch.no_grad(), _static_tracing(), inductor_config.patch(
-            fallback_random=True, emulate_precision_casts=True
-        ):
-            compiled = compile_fx(fx.GraphModule(torch.nn.Module(), graph), example)
+        with inductor_config.patch(fallback_random=True, emulate_precision_casts=True):
+            try:
+                with torch.no_grad(), _static_tracing():
+                    compiled = compile_fx(fx.GraphModule(torch.nn.Module(), graph), example)
+            except (RuntimeError, KeyError) as exc:
+                # AOT autograd's synthetic bases (placeholders that overlap in one storage, one
+                # of them written: a backward graph reusing, for a gradient, pool memory of a
+                # forward activation it read and freed) fail under the static shape environment
+                # with an error naming a shape symbol ("s29 ... is not tracked with proxy",
+                # KeyError 's70'; torch 2.13). Without it they compile; only the FX graph
+                # cache is lost, for this program. Other failures are not retried.
+                if not _SHAPE_SYMBOL.search(str(exc)):
+                    raise
+                with torch.no_grad():
+                    compiled = compile_fx(fx.GraphModule(torch.nn.Module(), graph), example)
         _COUNTS["compiles"] += 1
         _MODULES[key] = (compiled, keep)
         while len(_MODULES) > COMPILE_CACHE_SIZE:

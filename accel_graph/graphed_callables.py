@@ -1,0 +1,497 @@
+"""``accel_graph.make_graphed_callables``: torch's partial-network capture on every backend.
+
+Semantics are torch's (``torch.cuda.make_graphed_callables``, torch 2.13), restated:
+
+- ``callables`` is one callable (a function or an ``nn.Module``) with ``sample_args`` one tuple
+  of its arguments, or a tuple of callables with a tuple of such tuples. The arguments are
+  flattened as torch flattens them (pytree leaves; dicts and lists allowed); every leaf must be
+  a tensor. A module's parameters join its flattened arguments as static inputs.
+- Each callable is warmed up ``num_warmup_iters`` times (forward, and ``torch.autograd.grad``
+  of the outputs that require grad), then all forwards are captured in order and all
+  backwards (``torch.autograd.grad`` inside a capture) in reverse order, into one shared pool
+  (``pool`` or a new one), the order in which a training step runs them.
+- The result wraps each pair in an ``autograd.Function``: forward copies the live arguments
+  into the static ones (skipped where they are the same memory), replays the forward graph
+  and returns detached static outputs; backward copies the incoming gradients into the static
+  gradient buffers, replays the backward graph and returns the static gradients of the
+  arguments and parameters (None for those that do not require grad).
+- A module is returned with its ``forward`` replaced: the graphed forward runs while
+  ``module.training`` equals its value at capture, the original forward otherwise.
+
+On native backends (cuda, hip, xpu) the call goes to torch's own ``make_graphed_callables``
+where the vendor module has one (unverified on hardware); everywhere else (the recorder, or a
+native stack without it) the graphs are :class:`accel_graph.Graph` objects. Differences from
+torch, all refusals of what torch would turn into a late or silent failure, are listed in
+docs/recorder.md ("make_graphed_callables").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from .backends import select_backend
+from .errors import CaptureError, ConfigError, ReplayError
+from .frontend import Graph, graph, graph_pool_handle
+
+__all__ = ["make_graphed_callables"]
+
+
+def _check_autocast(device: torch.device | None) -> None:
+    # Autocast's cast cache would hand the capture tensors cast before it (or keep pool tensors
+    # alive after it); torch refuses it for the same reason. torch checks CUDA's autocast (the
+    # no-argument form); the graphs' own device type is checked too.
+    kinds = [None] if device is None or device.type == "cuda" else [None, device.type]
+    enabled = any(torch.is_autocast_enabled(*([k] if k else [])) for k in kinds)
+    if enabled and torch.is_autocast_cache_enabled():
+        raise CaptureError(
+            "make_graphed_callables cannot run under autocast with its cast cache enabled: cached "
+            "casts would leak into (or out of) the captured graphs. Use "
+            "torch.autocast(..., cache_enabled=False)"
+        )
+
+
+def _describe(t: torch.Tensor) -> str:
+    return f"shape {tuple(t.shape)}, dtype {t.dtype}, device {t.device}"
+
+
+def _check_module(i: int, c: torch.nn.Module) -> None:
+    hooks = {
+        "forward hooks": c._forward_hooks,
+        "forward pre-hooks": c._forward_pre_hooks,
+        "backward hooks": c._backward_hooks,
+    }
+    found = [name for name, table in hooks.items() if len(table)]
+    if found:
+        raise ConfigError(
+            f"callables[{i}] ({type(c).__name__}) has {', '.join(found)} registered: a captured "
+            f"graph would run them once, at capture, never at replay. Register hooks after "
+            f"make_graphed_callables, or remove them first"
+        )
+    for name, b in c.named_buffers():
+        if b.requires_grad:
+            raise ConfigError(
+                f"buffer {name!r} of callables[{i}] ({type(c).__name__}) requires grad: only "
+                f"parameters may be trainable in a graphed module (their gradients are the "
+                f"backward graph's outputs). Set requires_grad=False on the buffer, or make it a "
+                f"Parameter"
+            )
+
+
+def _flatten_args(i: int, args: object) -> tuple[tuple[torch.Tensor, ...], pytree.TreeSpec]:
+    if not isinstance(args, (tuple, list)):
+        raise TypeError(
+            f"sample_args[{i}] is a {type(args).__name__}; pass a tuple of the arguments of "
+            f"callables[{i}] (with one callable, sample_args itself is that tuple)"
+        )
+    leaves, spec = pytree.tree_flatten(tuple(args))
+    for j, leaf in enumerate(leaves):
+        if not isinstance(leaf, torch.Tensor):
+            raise TypeError(
+                f"sample_args[{i}] holds a {type(leaf).__name__} as flattened argument {j}: only "
+                f"tensors may be arguments of a graphed callable (a graph cannot take a new Python "
+                f"value at replay). Bind other values with functools.partial or a Module attribute"
+            )
+    return tuple(leaves), spec
+
+
+def _output_leaves(i: int, outputs: object) -> tuple[list[torch.Tensor], pytree.TreeSpec]:
+    leaves, spec = pytree.tree_flatten(outputs)
+    for j, leaf in enumerate(leaves):
+        if not isinstance(leaf, torch.Tensor):
+            raise TypeError(
+                f"callables[{i}] returned a {type(leaf).__name__} as flattened output {j}: a "
+                f"graphed callable may return only tensors (nested in tuples, lists or dicts), "
+                f"because replay cannot produce a new Python value. Return it as a tensor, or "
+                f"compute it outside the graphed callable"
+            )
+    return leaves, spec
+
+
+@dataclass
+class _Entry:
+    """Everything known about one callable, from validation to its built wrapper."""
+
+    index: int
+    func: Callable[..., Any]
+    args: tuple[Any, ...]
+    flat: tuple[torch.Tensor, ...]
+    arg_spec: pytree.TreeSpec
+    params: tuple[torch.nn.Parameter, ...]
+    names: tuple[str, ...]  # how errors name each static input
+    fwd: Graph | None = None
+    bwd: Graph | None = None
+    outputs: tuple[torch.Tensor, ...] = ()
+    out_spec: pytree.TreeSpec | None = None
+    grad_outputs: tuple[torch.Tensor | None, ...] = ()
+    grad_inputs: tuple[torch.Tensor | None, ...] = ()
+    #: requires_grad of each static input at capture (all False if autograd was off)
+    needs_grad: tuple[bool, ...] = field(default_factory=tuple)
+
+    @property
+    def surface(self) -> tuple[torch.Tensor, ...]:
+        return self.flat + self.params
+
+
+def _entries(callables: tuple[Any, ...], sample_args: Sequence[Any]) -> list[_Entry]:
+    if not isinstance(sample_args, (tuple, list)) or len(sample_args) != len(callables):
+        got = len(sample_args) if isinstance(sample_args, (tuple, list)) else type(sample_args).__name__
+        raise ConfigError(
+            f"{len(callables)} callables were given but sample_args has {got} entries: pass one "
+            f"tuple of sample arguments per callable, in the same order"
+        )
+    out = []
+    for i, (c, args) in enumerate(zip(callables, sample_args, strict=True)):
+        if not callable(c):
+            raise TypeError(f"callables[{i}] is a {type(c).__name__}, not a callable or nn.Module")
+        params: tuple[torch.nn.Parameter, ...] = ()
+        pnames: tuple[str, ...] = ()
+        if isinstance(c, torch.nn.Module):
+            _check_module(i, c)
+            named = list(c.named_parameters())
+            params, pnames = tuple(p for _, p in named), tuple(f"parameter {n!r}" for n, _ in named)
+        flat, spec = _flatten_args(i, args)
+        names = tuple(f"argument {j}" for j in range(len(flat))) + pnames
+        out.append(_Entry(i, c, tuple(args), flat, spec, params, names))
+    return out
+
+
+def _device_of(entries: list[_Entry]) -> torch.device | None:
+    """The one device of every static input (None when there are none: routing decides)."""
+    devices = {t.device for e in entries for t in e.surface}
+    if len(devices) > 1:
+        raise ConfigError(
+            f"the sample arguments and parameters are on several devices "
+            f"({', '.join(sorted(map(str, devices)))}): a set of graphed callables shares one "
+            f"pool on one device; move them to one device"
+        )
+    return next(iter(devices), None)
+
+
+def _check_unused(e: _Entry, grads: Sequence[torch.Tensor | None], wanted: list[int]) -> None:
+    unused = [e.names[k] for k, g in zip(wanted, grads, strict=True) if g is None]
+    if unused:
+        raise CaptureError(
+            f"{', '.join(unused)} of callables[{e.index}] require(s) grad but the outputs do not "
+            f"depend on them, so their gradient would always be None. Pass "
+            f"allow_unused_input=True to accept that, or give them requires_grad=False"
+        )
+
+
+def _grad(e: _Entry, outputs: Sequence[torch.Tensor], grad_outputs: Sequence[torch.Tensor],
+          allow_unused: bool) -> tuple[list[int], tuple[torch.Tensor | None, ...]]:
+    """``autograd.grad`` of ``outputs`` with respect to the static inputs that require grad.
+    Returns their positions in the surface and their gradients (None: unused)."""
+    wanted = [k for k, t in enumerate(e.surface) if t.requires_grad]
+    if not wanted:
+        raise CaptureError(
+            f"outputs of callables[{e.index}] require grad, but none of its sample arguments or "
+            f"parameters does: it reads a tensor that requires grad from elsewhere (a closure, a "
+            f"global), whose gradient the backward graph would silently drop. Pass that tensor "
+            f"as an argument (or make it a parameter of a Module)"
+        )
+    grads = torch.autograd.grad(
+        outputs=tuple(outputs),
+        inputs=tuple(e.surface[k] for k in wanted),
+        grad_outputs=tuple(grad_outputs),
+        only_inputs=True,
+        allow_unused=True,
+    )
+    if not allow_unused:
+        _check_unused(e, grads, wanted)
+    return wanted, grads
+
+
+def _foreign_leaves(e: _Entry, outputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Leaf tensors requiring grad that the outputs depend on but that are not static inputs:
+    torch's wrapper would drop their gradients without a word."""
+    own = {id(t) for t in e.surface}
+    seen: set[int] = set()
+    stack = [o.grad_fn for o in outputs if o.grad_fn is not None]
+    found: list[torch.Tensor] = []
+    while stack:
+        fn = stack.pop()
+        if fn is None or id(fn) in seen:
+            continue
+        seen.add(id(fn))
+        var = getattr(fn, "variable", None)  # AccumulateGrad: the leaf it feeds
+        if isinstance(var, torch.Tensor) and id(var) not in own:
+            found.append(var)
+        stack.extend(nxt for nxt, _ in fn.next_functions)
+    return found
+
+
+def _warmup(entries: list[_Entry], iters: int, allow_unused: bool) -> None:
+    for e in entries:
+        for _ in range(iters):
+            outs, _ = _output_leaves(e.index, e.func(*e.args))
+            needs = [o for o in outs if o.requires_grad]
+            if needs:
+                _grad(e, needs, [torch.empty_like(o) for o in needs], allow_unused)
+            del outs, needs
+
+
+def _capture(entries: list[_Entry], pool: object, device: torch.device | None,
+             allow_unused: bool) -> None:
+    """Forwards in order, then backwards in reverse order, all into ``pool``."""
+    grad_on = torch.is_grad_enabled()
+    for e in entries:
+        e.fwd = Graph(device=device)
+        with graph(e.fwd, pool=pool):
+            result = e.func(*e.args)
+        leaves, e.out_spec = _output_leaves(e.index, result)
+        e.outputs = tuple(leaves)
+        foreign = _foreign_leaves(e, e.outputs)
+        if foreign:
+            raise CaptureError(
+                f"the outputs of callables[{e.index}] depend on {len(foreign)} tensor(s) that "
+                f"require grad but are neither its sample arguments nor its parameters (first: "
+                f"{_describe(foreign[0])}): the backward graph would drop their gradients. "
+                f"Pass them as arguments, or make them parameters of the Module"
+            )
+    for e in reversed(entries):
+        e.grad_outputs = tuple(torch.empty_like(o) if o.requires_grad else None for o in e.outputs)
+        needs = [o for o in e.outputs if o.requires_grad]
+        grads: tuple[torch.Tensor | None, ...] = ()
+        wanted: list[int] = []
+        if needs:
+            e.bwd = Graph(device=device)
+            with graph(e.bwd, pool=pool):
+                wanted, grads = _grad(e, needs, [g for g in e.grad_outputs if g is not None],
+                                      allow_unused)
+        by_pos = dict(zip(wanted, grads, strict=True))
+        e.grad_inputs = tuple(by_pos.get(k) for k in range(len(e.surface)))
+        # What the graphs were made for: a live input that requires grad where this is False
+        # would get no gradient (checked at each call).
+        e.needs_grad = tuple(grad_on and t.requires_grad for t in e.surface)
+
+
+class _Graphed:
+    """The replay side of one graphed callable: checks live arguments and runs the graphs."""
+
+    def __init__(self, e: _Entry) -> None:
+        self.e = e
+        self.n_args = len(e.flat)
+        self.handed_out: tuple[torch.Tensor | None, ...] = ()
+        outer = self
+
+        class GraphedFunction(torch.autograd.Function):
+            # One autograd node per call: forward and backward are graph replays.
+            @staticmethod
+            def forward(ctx: Any, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+                out = outer.run_forward(inputs)
+                # Outputs that needed no grad at capture (eager would give them none) get none
+                # here either; torch's wrapper gives every output a grad_fn.
+                ctx.mark_non_differentiable(
+                    *(o for o, s in zip(out, e.outputs, strict=True) if not s.requires_grad)
+                )
+                return out
+
+            @staticmethod
+            @torch.autograd.function.once_differentiable
+            def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+                return outer.run_backward(grads)
+
+        self.function = GraphedFunction
+
+    def check(self, flat: Sequence[Any], spec: pytree.TreeSpec, grad_on: bool) -> bool:
+        """Refuse live arguments the graphs cannot take; return whether autograd is needed."""
+        e = self.e
+        if spec != e.arg_spec:
+            raise ReplayError(
+                f"the graphed callables[{e.index}] was called with arguments structured as "
+                f"{spec}, but captured with {e.arg_spec}: pass arguments in the same order and "
+                f"format as its sample_args"
+            )
+        needed = False
+        for k, (live, static) in enumerate(zip(flat, e.flat, strict=True)):
+            if not isinstance(live, torch.Tensor):
+                raise ReplayError(
+                    f"argument {k} of the graphed callables[{e.index}] is a "
+                    f"{type(live).__name__}; it was captured with a tensor ({_describe(static)})"
+                )
+            if (live.shape, live.dtype, live.device) != (static.shape, static.dtype, static.device):
+                raise ReplayError(
+                    f"argument {k} of the graphed callables[{e.index}] has {_describe(live)}, but "
+                    f"it was captured with {_describe(static)}: a graph replays only the shapes, "
+                    f"dtypes and devices it captured. Pad or split to that shape, or graph the "
+                    f"callable once per shape"
+                )
+        for k, t in enumerate(tuple(flat) + e.params):
+            if grad_on and t.requires_grad:
+                needed = True
+                if not e.needs_grad[k]:
+                    raise ReplayError(self._no_grad_message(k))
+        return needed
+
+    def _no_grad_message(self, k: int) -> str:
+        e = self.e
+        if any(t.requires_grad for t in e.surface) and not any(e.needs_grad):
+            why = "make_graphed_callables ran with autograd disabled, so no backward graph was captured"
+        else:
+            why = "its sample did not require grad, so the backward graph does not compute it"
+        return (
+            f"{e.names[k]} of the graphed callables[{e.index}] requires grad, but {why}; its "
+            f"gradient would be silently missing. Give the sample argument the requires_grad of the "
+            f"real one and graph again (with autograd enabled), or call under torch.no_grad()"
+        )
+
+    def run_forward(self, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        e = self.e
+        with torch.no_grad():
+            for static, live in zip(e.flat, inputs[: self.n_args], strict=True):
+                if static.data_ptr() != live.data_ptr():
+                    static.copy_(live)
+        assert e.fwd is not None
+        e.fwd.replay()
+        return tuple(o.detach() for o in e.outputs)
+
+    def run_backward(self, grads: Sequence[torch.Tensor]) -> tuple[torch.Tensor | None, ...]:
+        e = self.e
+        if e.bwd is None:  # no output required grad at capture: they depend on no input
+            return (None,) * len(e.surface)
+        with torch.no_grad():
+            for static, g in zip(e.grad_outputs, grads, strict=True):
+                if static is not None and static.data_ptr() != g.data_ptr():
+                    static.copy_(g)
+        e.bwd.replay()
+        out = tuple(None if g is None else g.detach() for g in e.grad_inputs)
+        # Held here until the next backward so that autograd cannot steal them: a leaf whose
+        # .grad is None takes a gradient it holds the only reference to as its .grad (no copy),
+        # and a .grad aliasing the static buffer would be overwritten by the next replay, so
+        # accumulating over micro-batches would add the new gradient to itself. Held, they
+        # are copied into .grad as eager's accumulation does.
+        self.handed_out = out
+        return out
+
+    def __call__(self, *user_args: Any) -> Any:
+        e = self.e
+        flat, spec = pytree.tree_flatten(tuple(user_args))
+        if isinstance(e.func, torch.nn.Module):
+            self._check_params()
+        if self.check(flat, spec, torch.is_grad_enabled()):
+            out = self.function.apply(*flat, *e.params)
+        else:  # the no-grad path: no autograd node, the forward graph alone
+            out = self.run_forward(flat)
+        assert e.out_spec is not None
+        return pytree.tree_unflatten(list(out), e.out_spec)
+
+    def _check_params(self) -> None:
+        e = self.e
+        assert isinstance(e.func, torch.nn.Module)
+        now = tuple(e.func.parameters())
+        if len(now) != len(e.params) or any(a is not b for a, b in zip(now, e.params, strict=True)):
+            raise ReplayError(
+                f"the parameters of the graphed callables[{e.index}] ({type(e.func).__name__}) "
+                f"were added, removed or replaced after make_graphed_callables: the graphs read "
+                f"the parameters captured then. Update parameters in place (param.data.copy_, "
+                f"load_state_dict) or graph the module again"
+            )
+
+
+def _graphed_forward(module: torch.nn.Module, run: _Graphed, training: bool,
+                     original: Callable[..., Any]) -> Callable[..., Any]:
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        # The graphs hold the train-or-eval behaviour of capture time (dropout, batch norm);
+        # in the other mode the module runs eagerly, as torch does.
+        if module.training == training:
+            if kwargs:
+                raise ReplayError(
+                    f"the graphed {type(module).__name__} was called with keyword arguments "
+                    f"{sorted(kwargs)}; a graphed module takes its sample_args positionally"
+                )
+            return run(*args)
+        return original(*args, **kwargs)
+
+    return forward
+
+
+def _native_make_graphed(backend: Any, device: torch.device | None) -> Callable[..., Any] | None:
+    """torch's own ``make_graphed_callables`` of a native backend's vendor module (None: the
+    backend is not native, or its torch lacks it)."""
+    if not backend.capabilities().native_graphs:
+        return None
+    module = getattr(torch, getattr(backend, "module_name", ""), None)
+    return getattr(module, "make_graphed_callables", None)
+
+
+def _native_pool(backend: Any, device: torch.device, pool: object) -> object:
+    """What torch's function takes as ``pool=``: a torch pool id. Our handles map to one."""
+    if pool is None:
+        return None
+    handle = backend.resolve_pool(pool, backend.device_spec(device))
+    torch_id = backend.pools.torch_id(handle) if hasattr(backend, "pools") else handle.id
+    if torch_id is not None and hasattr(backend, "pools"):
+        backend.pools.captured(handle)  # graphs now hold it: keep its torch id for later captures
+    return torch_id
+
+
+def make_graphed_callables(
+    callables: Any,
+    sample_args: Any,
+    num_warmup_iters: int = 3,
+    allow_unused_input: bool = False,
+    pool: object | None = None,
+) -> Any:
+    """Graphed versions of ``callables`` (functions or ``nn.Module``), as torch's
+    ``make_graphed_callables``: forward and backward each replay a captured graph.
+
+    Args:
+        callables: one callable, or a tuple of callables in the order they run in a step.
+        sample_args: a tuple of tensors (nested tuples, lists and dicts allowed) per callable:
+            the static inputs the graphs read. ``requires_grad`` of each must match the real
+            argument it stands for.
+        num_warmup_iters: eager forward+backward runs before capture (torch's default, 3).
+        allow_unused_input: accept static inputs that require grad but that the outputs do
+            not depend on (their gradient is None); else ``CaptureError``.
+        pool: a pool handle to capture into; None makes one, shared by every graph made here.
+
+    Returns:
+        The graphed callable (one in, one out) or a tuple of them. Modules are returned
+        themselves, with ``forward`` replaced.
+
+    Raises:
+        TypeError: a non-tensor sample argument or output. ``ConfigError``: mismatched
+        ``sample_args``, a module with hooks or trainable buffers, inputs on several devices.
+        ``CaptureError``: autocast with its cache on, an unused input without
+        ``allow_unused_input``, outputs depending on a tensor that requires grad but is no
+        static input. The graphed callables raise ``ReplayError`` for arguments of another
+        structure, shape, dtype or device, for an argument that requires grad where the
+        sample did not, and for parameters replaced after capture.
+    """
+    single = not isinstance(callables, tuple)
+    funcs: tuple[Any, ...] = (callables,) if single else callables
+    samples = (sample_args,) if single else sample_args
+    if isinstance(num_warmup_iters, bool) or not isinstance(num_warmup_iters, int) or num_warmup_iters < 0:
+        raise ConfigError(f"num_warmup_iters={num_warmup_iters!r}; pass an int >= 0")
+    entries = _entries(funcs, samples)
+    device = _device_of(entries)
+    _check_autocast(device)
+    backend, dev = select_backend(device)
+    native = _native_make_graphed(backend, device)
+    if native is not None:
+        return native(callables, sample_args, num_warmup_iters, allow_unused_input,
+                      pool=_native_pool(backend, dev, pool))
+    if pool is None:
+        pool = graph_pool_handle(dev)
+    # Warm up where capture will run (a side stream on native devices; nothing on the recorder),
+    # so lazy initialisation and autotuning stay out of the graphs.
+    spec = backend.device_spec(dev)
+    backend.synchronize(spec)
+    with backend.stream_context(backend.capture_stream(spec)):
+        _warmup(entries, num_warmup_iters, allow_unused_input)
+    backend.synchronize(spec)
+    _capture(entries, pool, dev, allow_unused_input)
+    out: list[Any] = []
+    for e in entries:
+        run = _Graphed(e)
+        if isinstance(e.func, torch.nn.Module):
+            e.func.forward = _graphed_forward(e.func, run, e.func.training, e.func.forward)
+            out.append(e.func)
+        else:
+            out.append(run)
+    return out[0] if single else tuple(out)
