@@ -93,6 +93,10 @@ class Graph:
         compile: ``None`` replays the recorded program as captured; ``"inductor"`` compiles it
             once at instantiation (recorder only; native backends ignore it with a warning).
             Unset, ``ACCEL_GRAPH_COMPILE`` supplies the default.
+
+    ``graph_pool`` and ``capture_error_mode`` are attributes, as on ``torch.accelerator.Graph``:
+    ``capture_begin()`` without arguments and ``with g:`` use them, so setting them (before a
+    capture, or after ``reset()``) changes the next capture.
     """
 
     def __init__(
@@ -165,7 +169,9 @@ class Graph:
         if pool is not None:
             handle = self._backend.resolve_pool(pool, self._device)
         elif self.graph_pool is not None:
-            handle = self.graph_pool
+            # Resolved again: like torch.accelerator.Graph, graph_pool is a plain attribute the
+            # caller may set between captures (a handle, or torch's id on native backends).
+            handle = self._backend.resolve_pool(self.graph_pool, self._device)
         else:
             handle = None
         # The impl raises CaptureError itself for what only it can know (nested capture on this

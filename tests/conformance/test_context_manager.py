@@ -125,3 +125,27 @@ def test_capture_error_mode_from_the_constructor(make_graph, device):
     assert g.capture_error_mode == "relaxed"
     g.replay()
     assert_replay_matches(out, _fn(x))
+
+
+def test_settings_are_attributes_for_the_next_capture(make_graph, device):
+    """As on ``torch.accelerator.Graph``: set ``graph_pool`` / ``capture_error_mode`` after
+    ``reset()`` to change the next capture."""
+    x = randn(gen(0), 16, device=device)
+    g = make_graph()
+    with capture_stream(g), g:
+        _fn(x)
+    g.reset()
+    handle = accel_graph.graph_pool_handle(device)
+    g.graph_pool = handle
+    g.capture_error_mode = "thread_local"
+    with capture_stream(g), g:
+        out = _fn(x)
+    assert g.pool() == handle
+    g.replay()
+    assert_replay_matches(out, _fn(x))
+    g.reset()
+    g.capture_error_mode = "no-such-mode"
+    with pytest.raises(accel_graph.ConfigError, match="capture_error_mode"):
+        with capture_stream(g), g:
+            pass
+    assert g.state == "empty"
