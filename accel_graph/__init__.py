@@ -21,7 +21,13 @@ if TYPE_CHECKING:
     from .backends import current_backend, get_backend
     from .capturable import check_capturable
     from .errors import OutOfMemoryError
-    from .frontend import Graph, graph, graph_pool_handle, is_current_stream_capturing
+    from .frontend import (
+        EmptyGraphWarning,
+        Graph,
+        graph,
+        graph_pool_handle,
+        is_current_stream_capturing,
+    )
     from .graphed_callables import make_graphed_callables
     from .runner import GraphRunner, suggest_buckets
 
@@ -32,6 +38,7 @@ _LAZY: dict[str, str] = {
     "get_backend": ".backends",
     "check_capturable": ".capturable",
     "OutOfMemoryError": ".errors",
+    "EmptyGraphWarning": ".frontend",
     "Graph": ".frontend",
     "graph": ".frontend",
     "graph_pool_handle": ".frontend",
@@ -51,6 +58,7 @@ __all__ = [
     "BackendUnavailable",
     "CaptureError",
     "ConfigError",
+    "EmptyGraphWarning",
     "Graph",
     "GraphRunner",
     "GraphStateError",

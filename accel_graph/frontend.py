@@ -11,11 +11,20 @@ at once, as in torch.
 A capture belongs to the thread that began it: ``capture_end()`` and ``reset()`` from another
 thread are refused with ``GraphStateError`` (the recorder's dispatch mode and CUDA's
 non-relaxed capture modes are per thread). A ``Graph`` collected mid-capture ends its capture.
+
+Two ways to capture a block, as in torch: ``with accel_graph.Graph(...) as g:`` (like
+``torch.accelerator.Graph``) captures on the *current* stream with the constructor's ``pool`` and
+``capture_error_mode``; ``with accel_graph.graph(g):`` (like ``torch.cuda.graph``) makes the
+backend's side stream current first and takes ``pool``/``stream``/``capture_error_mode`` per
+capture. Both synchronise and empty the caches first and drop the capture if the body raises.
 """
 
 from __future__ import annotations
 
+import contextlib
+import sys
 import threading
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -27,9 +36,39 @@ from .backends import select_backend
 from .backends.base import CAPTURE_ERROR_MODES, Backend, DeviceSpec, GraphImpl, PoolHandle
 from .errors import CaptureError, ConfigError, GraphStateError
 
-__all__ = ["Graph", "graph", "graph_pool_handle", "is_current_stream_capturing"]
+__all__ = [
+    "EmptyGraphWarning",
+    "Graph",
+    "graph",
+    "graph_pool_handle",
+    "is_current_stream_capturing",
+]
 
 EMPTY, CAPTURING, CAPTURED, INSTANTIATED = "empty", "capturing", "captured", "instantiated"
+
+#: torch's words when a capture recorded nothing (``CUDAGraph::capture_end``, a ``TORCH_WARN``,
+#: so a ``UserWarning`` in Python); kept verbatim so filters written for torch's warning match.
+EMPTY_GRAPH_MESSAGE = (
+    "The CUDA Graph is empty. This usually means that the graph was attempted to be captured "
+    "on wrong device or stream."
+)
+
+
+class EmptyGraphWarning(UserWarning):
+    """A capture recorded no work: ``replay()`` will do nothing. A ``UserWarning``, as torch's."""
+
+
+def _caller_stacklevel() -> int:
+    """The ``stacklevel`` that points a warning at the user's line, past this module and the
+    ``contextlib`` frames of ``with graph(g):``."""
+    frame = sys._getframe(1)
+    level = 1
+    while frame is not None and (
+        frame.f_code.co_filename == __file__ or frame.f_code.co_filename == contextlib.__file__
+    ):
+        frame = frame.f_back
+        level += 1
+    return level
 
 
 def _check_mode(mode: str) -> str:
@@ -54,6 +93,10 @@ class Graph:
         compile: ``None`` replays the recorded program as captured; ``"inductor"`` compiles it
             once at instantiation (recorder only; native backends ignore it with a warning).
             Unset, ``ACCEL_GRAPH_COMPILE`` supplies the default.
+
+    ``graph_pool`` and ``capture_error_mode`` are attributes, as on ``torch.accelerator.Graph``:
+    ``capture_begin()`` without arguments and ``with g:`` use them, so setting them (before a
+    capture, or after ``reset()``) changes the next capture.
     """
 
     def __init__(
@@ -126,7 +169,9 @@ class Graph:
         if pool is not None:
             handle = self._backend.resolve_pool(pool, self._device)
         elif self.graph_pool is not None:
-            handle = self.graph_pool
+            # Resolved again: like torch.accelerator.Graph, graph_pool is a plain attribute the
+            # caller may set between captures (a handle, or torch's id on native backends).
+            handle = self._backend.resolve_pool(self.graph_pool, self._device)
         else:
             handle = None
         # The impl raises CaptureError itself for what only it can know (nested capture on this
@@ -187,6 +232,12 @@ class Graph:
             raise
         self._capture_thread = None
         self._state = CAPTURED if self.keep_graph else INSTANTIATED
+        if self._impl.work_count() == 0:
+            warnings.warn(EmptyGraphWarning(
+                f"{EMPTY_GRAPH_MESSAGE} (accel-graph on {self._device}: the capture recorded "
+                f"no operation that replay would run, so replay() does nothing. Ops of other "
+                f"threads are not captured; views and torch.empty run nothing at replay)"
+            ), stacklevel=_caller_stacklevel())
 
     def _abort(self) -> None:
         """Drop a capture that failed half-way: the graph is empty and reusable afterwards."""
@@ -197,9 +248,23 @@ class Graph:
 
     # -- replay -------------------------------------------------------------------------
     def instantiate(self) -> None:
-        """Build the executable graph (only needed with ``keep_graph=True``; replay does it too)."""
+        """Build the executable graph of a ``keep_graph=True`` capture (``replay()`` does it too).
+
+        Calling it again on an instantiated ``keep_graph=True`` graph is harmless. With
+        ``keep_graph=False`` (the default) ``capture_end()`` has instantiated the graph already and
+        this raises ``GraphStateError``, as torch's ``CUDAGraph.instantiate`` does.
+        """
         if self._state not in (CAPTURED, INSTANTIATED):
             raise self._refuse("instantiate()", "capture a graph first")
+        if self._state == INSTANTIATED and not self.keep_graph:
+            # torch: TORCH_CHECK(keep_graph_, "instantiate() is intended to be called by the
+            # user only when keep_graph=true"); the words are kept so code matching them works.
+            raise GraphStateError(
+                f"Graph.instantiate() on {self._device}: instantiate() is intended to be called "
+                f"by the user only when keep_graph=true. This graph was made with "
+                f"keep_graph=False, so capture_end() instantiated it already: call replay(), or "
+                f"create it with Graph(keep_graph=True) to instantiate it yourself"
+            )
         if self._state == CAPTURED:
             self._impl.instantiate()
             self._state = INSTANTIATED
@@ -258,6 +323,46 @@ class Graph:
             raise self._refuse("standalone_bytes()", "capture a graph first")
         return self._impl.standalone_bytes()
 
+    # -- context manager (torch.accelerator.Graph) --------------------------------------
+    def _prepare_block_capture(self) -> None:
+        """What both block forms do before ``capture_begin``: refuse misuse before touching the
+        device (a sync or ``empty_cache`` inside a capture already underway would break that
+        capture with a raw device error), then synchronise and empty the caches, as torch does."""
+        self._check_can_begin()
+        self._check_process_allows_capture()
+        if self._backend.is_current_stream_capturing(self._device):
+            raise CaptureError(
+                f"a capture is already underway on the current stream of {self._device}; end it "
+                f"before beginning another (one capture at a time per stream)"
+            )
+        self._backend.prepare_capture(self._device)
+
+    def __enter__(self) -> Graph:
+        """Begin capturing on the current stream, like ``torch.accelerator.Graph.__enter__``:
+        synchronise, empty the caches, then ``capture_begin()`` with the constructor's ``pool``
+        and ``capture_error_mode``. Returns the graph (torch's returns None), so both
+        ``with g:`` and ``with Graph() as g:`` work.
+
+        The stream is the caller's: on CUDA/HIP make a side stream current first (``with s, g:``
+        for a ``torch.Stream`` ``s``), since they refuse to capture on the default stream;
+        :func:`graph` picks one for you.
+        """
+        self._prepare_block_capture()
+        self.capture_begin()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: Any) -> None:
+        """End the capture (``capture_end()``). If the body raised, drop the capture instead and
+        let the exception propagate: the graph is left empty and reusable, and nothing it held
+        before was lost (``__enter__`` refuses a graph that holds a capture). torch's ``__exit__``
+        calls ``capture_end()`` either way."""
+        if exc_type is not None:
+            if self._state == CAPTURING and self._capture_thread is threading.current_thread():
+                self._abort()
+            return
+        self.capture_end()
+
 
 
 @contextmanager
@@ -270,20 +375,14 @@ def graph(
     """Capture the body of the ``with`` block into ``g``, like ``torch.cuda.graph``.
 
     Synchronises the device and empties caches first (as torch does), makes ``stream`` (or the
-    backend's capture stream) current, and calls ``capture_begin``/``capture_end``. If the body
-    raises, the capture is dropped and ``g`` is left empty and reusable.
+    backend's capture stream: one side stream per device on native backends) current, and calls
+    ``capture_begin``/``capture_end`` with ``pool``/``capture_error_mode`` overriding the
+    graph's own. If the body raises, the capture is dropped and ``g`` is left empty and
+    reusable. ``with g:`` (:meth:`Graph.__enter__`) is the other form: it captures on the
+    current stream, with the graph's own settings.
     """
     backend = g.backend
-    # Refuse misuse before touching the device: a sync or empty_cache inside a capture that is
-    # already underway would break that capture with a raw device error.
-    g._check_can_begin()
-    g._check_process_allows_capture()
-    if backend.is_current_stream_capturing(g.device):
-        raise CaptureError(
-            f"a capture is already underway on the current stream of {g.device}; end it before "
-            f"beginning another (one capture at a time per stream)"
-        )
-    backend.prepare_capture(g.device)
+    g._prepare_block_capture()
     if stream is None:
         stream = backend.capture_stream(g.device)
     with backend.stream_context(stream):

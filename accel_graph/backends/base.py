@@ -178,6 +178,12 @@ class GraphImpl(ABC):
         """Bytes this graph would need in a pool of its own, or None where unknown."""
         return None
 
+    def work_count(self) -> int | None:
+        """How many operations the last successful capture recorded that replay runs (0: the
+        graph is empty), or None where the backend cannot tell or warns about an empty graph
+        itself (torch's CUDA/HIP graphs do, in ``capture_end``)."""
+        return None
+
 
 class Backend(ABC):
     """A device family. Static facts are class attributes; behaviour is a small contract.

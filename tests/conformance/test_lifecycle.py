@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 
 import pytest
 import torch
@@ -209,11 +210,28 @@ def test_debug_dump_without_debug_mode(make_graph, backend, device, tmp_path):
 
 
 def test_nothing_captured(make_graph, device):
+    """An empty capture is legal but warns with torch's words (``UserWarning``), pointing at
+    the caller's line; replaying it does nothing."""
     g = make_graph()
-    with accel_graph.graph(g):
-        pass
+    with pytest.warns(accel_graph.EmptyGraphWarning, match="The CUDA Graph is empty") as rec:
+        with accel_graph.graph(g):
+            pass
+    assert issubclass(accel_graph.EmptyGraphWarning, UserWarning)
+    assert any(w.filename == __file__ for w in rec), [w.filename for w in rec]
     g.replay()
     g.replay()
+    # Only views: nothing for replay to run either.
+    x = randn(gen(0), 8, device=device)
+    g2 = make_graph()
+    with pytest.warns(accel_graph.EmptyGraphWarning):
+        with accel_graph.graph(g2):
+            x.view(2, 4).t()
+    # Real work: no warning.
+    g3 = make_graph()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", accel_graph.EmptyGraphWarning)
+        with accel_graph.graph(g3):
+            x * 2
 
 
 def test_capture_under_inference_mode_and_no_grad(make_graph, device):

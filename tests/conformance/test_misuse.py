@@ -94,8 +94,21 @@ def test_misuse_of_a_captured_graph_loses_nothing(make_graph, device):
     with pytest.raises(AccelGraphError):
         c.g.capture_begin(pool=object())
     c.check("capture_begin with a bad pool on a captured graph")
-    c.g.instantiate()  # already instantiated: allowed and harmless
-    c.check("instantiate on an instantiated graph")
+    # keep_graph=False: capture_end() instantiated it; torch refuses a second instantiate() with
+    # these words (CUDAGraph::instantiate), and so do we, losing nothing.
+    with pytest.raises(GraphStateError, match=r"only when keep_graph=true") as info:
+        c.g.instantiate()
+    assert "replay()" in str(info.value) and "keep_graph=True" in str(info.value)
+    c.check("instantiate on an instantiated keep_graph=False graph")
+    assert c.g.state == "instantiated"
+
+
+def test_instantiate_again_with_keep_graph_is_harmless(make_graph, device):
+    c = Captured(make_graph, device, keep_graph=True)
+    assert c.g.state == "captured"
+    c.g.instantiate()
+    c.g.instantiate()  # torch re-instantiates; here it is a no-op: the same program replays
+    c.check("instantiate twice with keep_graph=True")
     assert c.g.state == "instantiated"
 
 

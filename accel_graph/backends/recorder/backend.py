@@ -80,6 +80,10 @@ class RecorderGraphImpl(GraphImpl):
         """Bytes this capture added to the pool (reserved growth during the capture)."""
         return self._memory
 
+    def work_count(self) -> int:
+        """Ops replay runs (views and ``torch.empty`` run nothing): 0 means an empty graph."""
+        return self.num_ops
+
     def standalone_bytes(self) -> int:
         """Peak reserved bytes of this capture's own allocation sequence on an empty pool."""
         if self._standalone is None:
