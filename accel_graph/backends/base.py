@@ -133,6 +133,14 @@ class GraphImpl(ABC):
     def __init__(self, device: DeviceSpec, *, keep_graph: bool = False) -> None:
         self.device = device
         self.keep_graph = keep_graph
+        #: Generators registered with the graph (besides the device's default one), in order.
+        self.generators: list[torch.Generator] = []
+
+    def register_generator_state(self, generator: torch.Generator) -> None:
+        """Let captures draw from ``generator``, advancing it on each replay (the front end
+        checks the type, the device and that no capture is underway). Kept across reset()."""
+        if not any(generator is g for g in self.generators):
+            self.generators.append(generator)
 
     @abstractmethod
     def capture_begin(self, pool: PoolHandle | None, capture_error_mode: str) -> None:

@@ -104,7 +104,8 @@ class RecorderGraphImpl(GraphImpl):
         if pool is None:
             pool = self._backend.private_pool_handle(self.device)
         gpool = self._backend.pool_for(pool)
-        cap = Capture(gpool, self.device.torch_device, poison=self._debug or config.poison_outputs())
+        cap = Capture(gpool, self.device.torch_device, poison=self._debug or config.poison_outputs(),
+                      generators=tuple(self.generators))
         cap.begin()  # PoolError when another thread is capturing into this pool: nothing changed
         self._pool, self._handle, self._capture = gpool, pool, cap
 

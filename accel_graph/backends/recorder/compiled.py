@@ -153,6 +153,11 @@ def build_fx(steps: list[Step], outputs: list[PoolRef]) -> tuple[fx.Graph, list[
         return x
 
     for step in steps:
+        if step.kind == "host":
+            raise CompileUnsupported(
+                f"{step.func}: a generator-state step ({step.strategy.why if step.strategy else 'host call'}) "
+                f"is a Python call between kernels, which an FX graph cannot order against Inductor's "
+                f"random kernels")
         args = tree_map(arg, step.args)
         kwargs = tree_map(arg, step.kwargs)
         if step.kind == "mutate":

@@ -165,6 +165,8 @@ def _emit_step(em: _Emitter, step: Step) -> None:
             em.ns["_Tensor"] = torch.Tensor
             for i, out in enumerate(step.outputs):
                 em.lines.append(f"    {em.bind(_COPY)}({em.bind(out)}, r[{i}])")
+    elif kind == "host":  # generator state (rng.HostCall): snapshot or restore
+        em.call(step.extra, step.args, {})
     elif kind in ("none", "view"):
         return  # nothing runs: contents undefined (empty), or an alias made at capture (view)
     else:  # pragma: no cover - a kind added to ops.Strategy must be handled here
