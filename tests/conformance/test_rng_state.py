@@ -286,7 +286,10 @@ def test_generator_methods_are_restored_after_every_capture(make_graph, backend,
 
 
 # -- registered generators -----------------------------------------------------------------
-def test_registered_generator_advances_on_each_replay(make_graph, backend, device):
+def test_registered_generator_advances_on_each_replay(make_graph, backend, device, accel_graph_compile):
+    if accel_graph_compile is not None:
+        pytest.skip("an FX graph cannot carry a generator= argument: such graphs fall back to "
+                    "interpreted replay, logged (tests/backends/test_recorder_rng.py checks it)")
     gen_ = torch.Generator(device=device)
     gen_.manual_seed(7)
 

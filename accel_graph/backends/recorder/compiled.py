@@ -150,6 +150,10 @@ def build_fx(steps: list[Step], outputs: list[PoolRef]) -> tuple[fx.Graph, list[
             return resolve(x)
         if isinstance(x, torch.Tensor):
             return external(x)
+        if isinstance(x, torch.Generator):
+            raise CompileUnsupported(
+                "a random op draws from an explicit generator (generator=...), which an FX graph "
+                "cannot carry as an argument")
         return x
 
     for step in steps:
