@@ -354,3 +354,70 @@ def test_graphsafe_state_as_in_torch(make_graph, backend, device):
             gen_.graphsafe_get_state()
         with pytest.raises(eager_error):
             gen_.graphsafe_set_state(torch.Generator(device=device))
+
+
+# -- other invisible state: compute settings -------------------------------------------------
+def test_flush_denormal_set_inside_capture_is_replayed(make_graph, backend, device):
+    """torch.set_flush_denormal changes what later CPU ops compute without an aten op: each
+    replay applies it where the captured code called it."""
+    _recorder_only(backend)
+    if device.type != "cpu" or not torch.set_flush_denormal(False):
+        pytest.skip("flush-denormal mode is a CPU (SSE3) setting")
+    x = torch.full((4,), 1e-39)  # a float32 denormal
+
+    def fn():
+        torch.set_flush_denormal(True)
+        flushed = x * 1.0
+        torch.set_flush_denormal(False)
+        return flushed, x * 1.0
+
+    try:
+        expected = fn()
+        assert torch.equal(expected[0], torch.zeros(4)) and not torch.equal(expected[1], torch.zeros(4))
+        g = make_graph()
+        with accel_graph.graph(g):
+            out = fn()
+        torch.set_flush_denormal(True)  # replay sets it as the code did, wherever it starts
+        g.replay()
+        assert_bitwise_equal(out, expected)
+        assert torch.equal(x * 1.0, x), "the code left flush-denormal off: so does replay"
+    finally:
+        torch.set_flush_denormal(False)
+
+
+@pytest.mark.filterwarnings("ignore:TF32 acceleration on top of oneDNN")
+def test_compute_settings_changed_inside_capture_are_replayed(make_graph, backend, device, tmp_path):
+    """Settings read by kernels at run time (deterministic algorithms, mkldnn, threads) changed
+    inside the capture become program steps at the same points."""
+    _recorder_only(backend)
+    x = randn(gen(0), 8, 8, device=device)
+    det = torch.are_deterministic_algorithms_enabled()
+
+    def fn():
+        with torch.backends.mkldnn.flags(enabled=False):
+            a = x @ x
+        b = x + 1
+        torch.use_deterministic_algorithms(True)
+        return a, b
+
+    try:
+        g = make_graph()
+        with accel_graph.graph(g):
+            fn()
+        torch.use_deterministic_algorithms(False)
+        g.replay()
+        assert torch.are_deterministic_algorithms_enabled(), "replay applies what the code left set"
+        g.debug_dump(str(tmp_path / "g.dot"))
+        import json
+
+        ops = json.loads((tmp_path / "g.dot.json").read_text())["ops"]
+        kinds = [(op["kind"], op["op"]) for op in ops if op["kind"] != "view"]
+        hosts = [i for i, (k, _) in enumerate(kinds) if k == "host"]
+        assert [kinds[i][1] for i in hosts] == [
+            "set torch.backends.mkldnn.enabled(False)",
+            "set torch.backends.mkldnn.enabled(True)",
+            "set torch.use_deterministic_algorithms((True, False))",
+        ], kinds
+        assert "mm" in kinds[hosts[0] + 1][1] and "add" in kinds[hosts[1] + 1][1], kinds
+    finally:
+        torch.use_deterministic_algorithms(det)

@@ -30,8 +30,8 @@ from torch._ops import OpOverload
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ...errors import CaptureError
+from . import hostflags, rng
 from . import ops as opinfo
-from . import rng
 from .plan import FUNCTIONAL, MUTATE, VIEW, Plan, plan_for
 from .pool_protocol import GraphPool, PoolEvent, PoolRef
 from .pytree import first_tensor, tree_flatten, tree_map
@@ -170,6 +170,8 @@ class Capture:
         #: Generator-state calls of this thread during the capture (``generators``: those
         #: registered with the graph, which random ops may draw from besides the defaults).
         self.rng = rng.RngRecorder(self._record_host, self._refused, generators)
+        #: The process-wide compute settings the last recorded op ran under (hostflags).
+        self.flags = hostflags.snapshot()
 
     # -- lifecycle ----------------------------------------------------------------------
     def begin(self) -> None:
@@ -194,6 +196,8 @@ class Capture:
         through until that thread next calls the recorder. The pool is released separately
         (:meth:`release_pool`): a normal end registers its graph with the pool first."""
         if self.over is None:
+            if why == "ended":
+                self.sync_flags()  # what the code left set, re-applied at the end of replay
             self.over = why
         self.rng.end()
         if self.thread is threading.current_thread():
@@ -214,6 +218,17 @@ class Capture:
         if getattr(_tls, "capture", None) is self:
             _tls.capture = None
         self.release_pool()
+
+    def sync_flags(self) -> None:
+        """Record a step applying the compute settings that changed since the last op (they
+        change no aten op, so the program must set them where eager had them set)."""
+        now = hostflags.snapshot()
+        if now != self.flags:
+            diff = hostflags.changes(self.flags, now)
+            self.flags = now
+            self._record_host(rng.HostCall(
+                f"set {hostflags.describe(diff)}", hostflags.apply, (diff,),
+                "compute setting changed during capture, applied at this point of each replay"))
 
     def _refused(self, what: str, exc: BaseException) -> None:
         """A generator call refused outside the dispatcher: the capture is over, as at an op."""
@@ -294,6 +309,8 @@ class Capture:
     # -- the handler --------------------------------------------------------------------
     def handle(self, func: OpOverload, args: tuple, kwargs: dict) -> Any:
         """Record (or run) one aten op of the capturing thread; returns what eager would."""
+        if hostflags.snapshot() != self.flags:
+            self.sync_flags()
         if rng.generator_params(func):
             self.rng.check_generators(func, args, kwargs)
         plan = plan_for(func, args, kwargs)

@@ -47,6 +47,7 @@ import torch
 from torch._ops import OpOverload
 
 from ...errors import CaptureError
+from . import hostflags
 from .plan import user_frame
 
 _Generator = torch.Generator
@@ -294,6 +295,18 @@ _WRAPPERS: dict[str, Callable[..., Any]] = {
 }
 
 
+def _wrap_flush_denormal(mode: bool) -> bool:
+    """``torch.set_flush_denormal`` during captures: applied now, as eager does, and, on a
+    capturing thread, recorded so every replay applies it at this point (it has no getter the
+    capture could watch)."""
+    result = hostflags.apply_flush_denormal(mode)
+    rec = _active()
+    if rec is not None:
+        rec.record(HostCall(f"torch.set_flush_denormal({mode!r})", hostflags.apply_flush_denormal,
+                            (mode,), "flush-denormal mode set at this point of each replay"))
+    return result
+
+
 def _type_dict() -> dict[str, Any] | None:
     """The real dictionary behind ``torch.Generator.__dict__`` (CPython), or None."""
     refs = gc.get_referents(_Generator.__dict__)
@@ -322,6 +335,8 @@ def acquire() -> None:
                 if name in _originals and d.get(name) is _originals[name]:  # ours to wrap
                     d[name] = wrapper
             _type_modified()
+        if _installed == 0 and torch.set_flush_denormal is hostflags.original_flush_denormal():
+            torch.set_flush_denormal = _wrap_flush_denormal
         _installed += 1
 
 
@@ -339,6 +354,8 @@ def release() -> None:
                     if d.get(name) is wrapper:  # leave alone what someone else put there since
                         d[name] = _originals[name]
                 _type_modified()
+            if torch.set_flush_denormal is _wrap_flush_denormal:
+                torch.set_flush_denormal = hostflags.original_flush_denormal()
 
 
 def installed() -> bool:
