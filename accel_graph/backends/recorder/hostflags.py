@@ -25,28 +25,33 @@ import torch
 Snapshot = tuple[Any, ...]
 
 
-def _deterministic() -> tuple[bool, bool]:
-    return torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+def _set_deterministic(value: bool) -> None:
+    torch.use_deterministic_algorithms(value, warn_only=torch.is_deterministic_algorithms_warn_only_enabled())
 
 
-def _set_deterministic(value: tuple[bool, bool]) -> None:
-    torch.use_deterministic_algorithms(value[0], warn_only=value[1])
+def _set_warn_only(value: bool) -> None:
+    torch.use_deterministic_algorithms(torch.are_deterministic_algorithms_enabled(), warn_only=value)
 
 
 def _watched() -> list[tuple[str, Callable[[], Any], Callable[[Any], Any]]]:
-    """(name, getter, setter) of each watched setting this torch has."""
+    """(name, getter, setter) of each watched setting this torch has. The getters are torch's
+    C functions themselves: they run before every recorded op."""
     c = torch._C
-    table = [("torch.use_deterministic_algorithms", _deterministic, _set_deterministic),
-             ("torch.set_num_threads", torch.get_num_threads, torch.set_num_threads),
-             ("torch.set_float32_matmul_precision", torch.get_float32_matmul_precision,
-              torch.set_float32_matmul_precision)]
+    table: list[tuple[str, Callable[[], Any], Callable[[Any], Any]]] = [
+        ("torch.set_num_threads", torch.get_num_threads, torch.set_num_threads)]
     for name, get, put in (
+        ("torch.use_deterministic_algorithms", "_get_deterministic_algorithms", _set_deterministic),
+        ("torch.use_deterministic_algorithms(warn_only)", "_get_deterministic_algorithms_warn_only",
+         _set_warn_only),
         ("torch.backends.mkldnn.enabled", "_get_mkldnn_enabled", "_set_mkldnn_enabled"),
         ("torch.utils.deterministic.fill_uninitialized_memory",
          "_get_deterministic_fill_uninitialized_memory", "_set_deterministic_fill_uninitialized_memory"),
+        ("torch.set_float32_matmul_precision", "_get_float32_matmul_precision",
+         torch.set_float32_matmul_precision),
     ):
-        if hasattr(c, get) and hasattr(c, put):
-            table.append((name, getattr(c, get), getattr(c, put)))
+        setter = getattr(c, put, None) if isinstance(put, str) else put
+        if hasattr(c, get) and setter is not None:
+            table.append((name, getattr(c, get), setter))
     return table
 
 
