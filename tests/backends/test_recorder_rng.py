@@ -108,3 +108,31 @@ def test_explicit_generator_falls_back_with_its_reason(tmp_path, caplog):
     info = json.loads((tmp_path / "g.dot.json").read_text())["compiled"]
     assert "explicit generator" in info["fallback"], info
     assert "C++ compiler" not in caplog.text  # not a compiler problem: no such hint
+
+
+def test_generator_state_steps_and_refusals_leave_no_cyclic_garbage():
+    """Captures with host steps, and captures ended by a refused seeding, go away by reference
+    counting alone (as every capture must: test_recorder_soak)."""
+    import gc
+
+    def cycle(refuse: bool) -> None:
+        g = accel_graph.Graph(device="cpu")
+        try:
+            with accel_graph.graph(g):
+                _pair()
+                if refuse:
+                    torch.manual_seed(1)
+        except accel_graph.CaptureError:
+            assert refuse
+        else:
+            g.replay()
+
+    for refuse in (False, True):
+        cycle(refuse)
+        gc.collect()
+        gc.disable()
+        try:
+            cycle(refuse)
+            assert gc.collect() == 0, f"refused={refuse}"
+        finally:
+            gc.enable()

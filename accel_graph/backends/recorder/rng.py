@@ -157,7 +157,10 @@ class RngRecorder:
 
     def _refuse(self, what: str, exc: CaptureError) -> None:
         self.invalidate(what, exc)
-        raise exc
+        try:
+            raise exc
+        finally:
+            del exc  # this frame is in the traceback: holding exc would make a cycle
 
     # -- generators of random ops ----------------------------------------------------------
     def check_generators(self, func: OpOverload, args: tuple, kwargs: dict) -> None:
