@@ -83,22 +83,6 @@ def _hint(exc: BaseException) -> str:
     )
 
 
-def _register_generators(graph: Any, generators: list[torch.Generator], device: DeviceSpec) -> None:
-    """Register the graph's generators with a fresh torch graph (each capture uses a new one).
-    Unverified on hardware: torch's ``register_generator_state`` is feature-detected."""
-    if not generators:
-        return
-    register = getattr(graph, "register_generator_state", None)
-    if register is None:
-        raise CaptureError(
-            f"this torch's graph class on {device} ({type(graph).__name__}) has no "
-            f"register_generator_state, so a registered generator cannot be used in a capture; "
-            f"upgrade torch or draw from the default generator"
-        )
-    for gen in generators:
-        register(gen)
-
-
 class NativeGraphImpl(GraphImpl):
     """One graph on a torch graph class. Holds a torch graph object only while captured; each
     capture uses a fresh one, so an aborted capture never leaves a half-used object behind.
@@ -128,7 +112,7 @@ class NativeGraphImpl(GraphImpl):
             graph = b.new_torch_graph(self.keep_graph, torch_id, mode)
             if self._debug:
                 graph.enable_debug_mode()
-            _register_generators(graph, self.generators, self.device)
+            self.register_generators_with(graph)
             b.begin_capture(graph, torch_id, mode)
         except BaseException as exc:
             pools.unused(pool)  # no graph holds it: forget the bookkeeping entry

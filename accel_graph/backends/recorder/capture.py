@@ -169,8 +169,8 @@ class Capture:
         self.mode = _RecordingMode(self)
         #: Generator-state calls of this thread during the capture (``generators``: those
         #: registered with the graph, which random ops may draw from besides the defaults).
-        self.rng = rng.RngRecorder(_weak_method(self, "_record_host"), _weak_method(self, "_refused"),
-                                   generators)
+        self.rng = rng.RngRecorder(rng.weak_method(self, "_record_host"),
+                                   rng.weak_method(self, "_refused"), generators)
         #: The process-wide compute settings the last recorded op ran under (hostflags).
         self.flags = hostflags.snapshot()
 
@@ -418,19 +418,6 @@ class Capture:
             return outs[0]
         it = iter(outs)
         return tree_map(lambda _: next(it), plan.structure)
-
-
-def _weak_method(obj: Any, name: str) -> Any:
-    """``obj.name`` called through a weak reference: the capture's parts must not refer back to
-    it (a cycle would keep the capture, and its pool memory, until the cyclic collector runs)."""
-    ref = weakref.ref(obj)
-
-    def call(*args: Any) -> None:
-        target = ref()
-        if target is not None:
-            getattr(target, name)(*args)
-
-    return call
 
 
 def _prewrap_frozen(args: tuple, fargs: tuple, positions: tuple[int, ...]) -> tuple:

@@ -39,6 +39,7 @@ import ctypes
 import functools
 import gc
 import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -193,6 +194,20 @@ class RngRecorder:
         """Whether the graph may draw from ``gen`` (a user's object, compared by identity):
         calls on other generators are plain eager calls at capture."""
         return is_default_generator(gen) or any(gen is g for g in self.allowed)
+
+
+def weak_method(obj: Any, name: str) -> Callable[..., None]:
+    """``obj.name`` called through a weak reference (nothing once ``obj`` is gone): a capture's
+    parts must not refer back to it (a cycle would keep the capture, and its pool memory, until
+    the cyclic collector runs)."""
+    ref = weakref.ref(obj)
+
+    def call(*args: Any) -> None:
+        target = ref()
+        if target is not None:
+            getattr(target, name)(*args)
+
+    return call
 
 
 def _snapshot(gen: torch.Generator, buf: torch.Tensor) -> None:
