@@ -182,6 +182,31 @@ class Graph:
         self._capture_thread = threading.current_thread()
         self._state = CAPTURING
 
+    def register_generator_state(self, generator: torch.Generator) -> None:
+        """Let captures of this graph draw from ``generator`` (a generator of the graph's
+        device other than its default one, which is always registered); each replay advances
+        it by the draws of the graph, as ``torch.cuda.CUDAGraph.register_generator_state``.
+        Not allowed during a capture, as in torch. Registrations persist across ``reset()``."""
+        if self._state == CAPTURING:
+            raise self._refuse(
+                "register_generator_state()",
+                "register generators before capture_begin() (torch: \"Cannot register the state "
+                "during capturing stage\")",
+            )
+        if not isinstance(generator, torch.Generator):
+            raise ConfigError(
+                f"register_generator_state(generator) takes a torch.Generator, got "
+                f"{type(generator).__name__}"
+            )
+        want = self._device.torch_device.type
+        if generator.device.type != want:
+            raise ConfigError(
+                f"register_generator_state: the generator is on {generator.device}, the graph on "
+                f"{self._device}; pass a generator of the graph's device "
+                f"(torch.Generator(device={want!r}))"
+            )
+        self._impl.register_generator_state(generator)
+
     def _check_capturing_thread(self, what: str) -> None:
         """Refuse ending a capture from a thread other than the one that began it: the capture
         records that thread (a thread-local dispatch mode on the recorder; CUDA refuses it too

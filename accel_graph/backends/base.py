@@ -20,6 +20,8 @@ from typing import Any, ClassVar
 
 import torch
 
+from ..errors import CaptureError
+
 #: The capture error modes of ``torch.cuda.graph`` / ``torch.accelerator.Graph``.
 CAPTURE_ERROR_MODES: tuple[str, ...] = ("default", "global", "thread_local", "relaxed")
 
@@ -133,6 +135,30 @@ class GraphImpl(ABC):
     def __init__(self, device: DeviceSpec, *, keep_graph: bool = False) -> None:
         self.device = device
         self.keep_graph = keep_graph
+        #: Generators registered with the graph (besides the device's default one), in order.
+        self.generators: list[torch.Generator] = []
+
+    def register_generator_state(self, generator: torch.Generator) -> None:
+        """Let captures draw from ``generator``, advancing it on each replay (the front end
+        checks the type, the device and that no capture is underway). Kept across reset()."""
+        if not any(generator is g for g in self.generators):
+            self.generators.append(generator)
+
+    def register_generators_with(self, graph: Any) -> None:
+        """Register this graph's generators with a torch graph object (native backends: each
+        capture uses a fresh one). Feature-detected, unverified on hardware: a torch graph
+        class without ``register_generator_state`` gets ``CaptureError``."""
+        if not self.generators:
+            return
+        register = getattr(graph, "register_generator_state", None)
+        if register is None:
+            raise CaptureError(
+                f"this torch's graph class on {self.device} ({type(graph).__name__}) has no "
+                f"register_generator_state, so a registered generator cannot be used in a capture; "
+                f"upgrade torch or draw from the default generator"
+            )
+        for gen in self.generators:
+            register(gen)
 
     @abstractmethod
     def capture_begin(self, pool: PoolHandle | None, capture_error_mode: str) -> None:

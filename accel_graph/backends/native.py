@@ -112,6 +112,7 @@ class NativeGraphImpl(GraphImpl):
             graph = b.new_torch_graph(self.keep_graph, torch_id, mode)
             if self._debug:
                 graph.enable_debug_mode()
+            self.register_generators_with(graph)
             b.begin_capture(graph, torch_id, mode)
         except BaseException as exc:
             pools.unused(pool)  # no graph holds it: forget the bookkeeping entry

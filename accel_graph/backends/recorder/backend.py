@@ -27,11 +27,12 @@ from ..base import (
     next_user_pool_id,
 )
 from .capture import Capture, InputRecord, Step, active_capture
-from .compiled import compile_program
+from .compiled import CompileUnsupported, compile_program
 from .dump import describe, write_dump
 from .pool import make_pool
 from .pool_protocol import GraphPool, PoolEvent, PoolRef
 from .program import build_replay, materialize, replayed
+from .segmented import compile_any
 
 log = logging.getLogger("accel_graph")
 
@@ -108,7 +109,8 @@ class RecorderGraphImpl(GraphImpl):
         if pool is None:
             pool = self._backend.private_pool_handle(self.device)
         gpool = self._backend.pool_for(pool)
-        cap = Capture(gpool, self.device.torch_device, poison=self._debug or config.poison_outputs())
+        cap = Capture(gpool, self.device.torch_device, poison=self._debug or config.poison_outputs(),
+                      generators=tuple(self.generators))
         cap.begin()  # PoolError when another thread is capturing into this pool: nothing changed
         self._pool, self._handle, self._capture = gpool, pool, cap
 
@@ -182,11 +184,14 @@ class RecorderGraphImpl(GraphImpl):
         """Compiled replay, or the interpreted program with the reason logged."""
         assert self._pool is not None
         try:
-            run, info = compile_program(self._frozen_steps, self._inputs, self._outputs, self._pool)
+            run, info = compile_any(self._frozen_steps, self._inputs, self._outputs, self._pool,
+                                    compile_program)
         except Exception as exc:  # any compiler failure: replay still works, interpreted
             reason = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+            hint = ("" if isinstance(exc, CompileUnsupported)
+                    else " Inductor needs a working C++ compiler on the CPU.")
             log.warning("compile='inductor' failed for a graph on %s (%s); using interpreted "
-                        "replay. Inductor needs a working C++ compiler on the CPU.", self.device, reason)
+                        "replay.%s", self.device, reason, hint)
             self._compiled = {"backend": "inductor", "fallback": reason}
             return build_replay(self._steps, self._inputs)
         self._compiled = info

@@ -30,6 +30,7 @@ from torch._ops import OpOverload
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ...errors import CaptureError
+from . import hostflags, rng
 from . import ops as opinfo
 from .control_flow import register_rules
 from .plan import FUNCTIONAL, MUTATE, VIEW, Plan, plan_for
@@ -104,12 +105,13 @@ class Step:
 
     Arguments keep inputs (tensors that existed before capture) by reference and pool tensors
     as :class:`~.pool_protocol.PoolRef` locations, so capture holds no pool memory alive. ``kind`` is
-    ``"mutate"`` (in-place / out= as called) or a functional
+    ``"mutate"`` (in-place / out= as called), ``"host"`` (a Python call at replay, ``func`` a
+    :class:`~.rng.HostCall` and ``extra`` its function: generator state) or a functional
     :class:`~accel_graph.backends.recorder.ops.Strategy` kind; ``outputs`` are the locations a
     functional op writes.
     """
 
-    func: OpOverload
+    func: OpOverload | rng.HostCall
     kind: str
     args: tuple
     kwargs: dict
@@ -140,7 +142,8 @@ class Capture:
     nothing more and no longer listens on the pool.
     """
 
-    def __init__(self, pool: GraphPool, device: torch.device, *, poison: bool = False) -> None:
+    def __init__(self, pool: GraphPool, device: torch.device, *, poison: bool = False,
+                 generators: tuple[torch.Generator, ...] = ()) -> None:
         self.pool = pool
         #: None while recording; else why the capture is over.
         self.over: str | None = None
@@ -168,6 +171,12 @@ class Capture:
         self._locs: dict[int, tuple[Any, ...]] = {}
         self.reserved_before = pool.reserved_bytes()
         self.mode = _RecordingMode(self)
+        #: Generator-state calls of this thread during the capture (``generators``: those
+        #: registered with the graph, which random ops may draw from besides the defaults).
+        self.rng = rng.RngRecorder(rng.weak_method(self, "_record_host"),
+                                   rng.weak_method(self, "_refused"), generators)
+        #: The process-wide compute settings the last recorded op ran under (hostflags).
+        self.flags = hostflags.snapshot()
 
     # -- lifecycle ----------------------------------------------------------------------
     def begin(self) -> None:
@@ -179,6 +188,7 @@ class Capture:
         self.thread = threading.current_thread()
         set_active_capture(self)
         self.mode.__enter__()
+        self.rng.begin()
 
     def release_pool(self) -> None:
         """Stop listening on the pool (idempotent): its capture count drops once."""
@@ -192,13 +202,16 @@ class Capture:
         through until that thread next calls the recorder. The pool is released separately
         (:meth:`release_pool`): a normal end registers its graph with the pool first."""
         if self.over is None:
+            if why == "ended":
+                self.sync_flags()  # what the code left set, re-applied at the end of replay
             self.over = why
+        self.rng.end()
         if self.thread is threading.current_thread():
             if getattr(_tls, "capture", None) is self:
                 _tls.capture = None
             _remove_mode(self.mode)
 
-    def invalidate(self, func: OpOverload, exc: BaseException) -> None:
+    def invalidate(self, func: OpOverload | str, exc: BaseException) -> None:
         """An illegal op raised ``exc`` at ``func``: the capture is over, as on CUDA. Called
         inside the mode's handler, on the capturing thread: the thread stops recording now
         and the pool is released; the mode leaves the stack at the next recorder call."""
@@ -207,9 +220,36 @@ class Capture:
         msg = str(exc).strip()
         self.invalidated_by = msg if str(func) in msg else f"{func}: {msg}"
         self.over = f"invalidated by {self.invalidated_by}"
+        self.rng.end()
         if getattr(_tls, "capture", None) is self:
             _tls.capture = None
         self.release_pool()
+
+    def sync_flags(self) -> None:
+        """Record a step applying the compute settings that changed since the last op (they
+        change no aten op, so the program must set them where eager had them set)."""
+        now = hostflags.snapshot()
+        if now != self.flags:
+            diff = hostflags.changes(self.flags, now)
+            self.flags = now
+            self._record_host(rng.HostCall(
+                f"set {hostflags.describe(diff)}", hostflags.apply, (diff,),
+                "compute setting changed during capture, applied at this point of each replay"))
+
+    def _refused(self, what: str, exc: BaseException) -> None:
+        """A generator call refused outside the dispatcher: the capture is over, as at an op."""
+        if self.over is None:
+            self.invalidate(what, exc)
+
+    def _record_host(self, call: rng.HostCall) -> None:
+        """Record a Python call made at replay (generator state). Tensors in its arguments are
+        frozen like an op's (pool tensors by location, others noted as inputs), except the
+        snapshot tensors this capture handed out, which belong to the program."""
+        own = self.rng.buffers
+        args = tuple([a if isinstance(a, _Tensor) and own.get(id(a)) is a else self._frozen(a, True)
+                      for a in call.args])
+        self.steps.append(Step(call, "host", args, {}, (), opinfo.Strategy("host", why=call.why),
+                               call.fn))
 
     # -- pool locations -----------------------------------------------------------------
     def _loc(self, t: torch.Tensor) -> PoolRef | None:
@@ -275,6 +315,10 @@ class Capture:
     # -- the handler --------------------------------------------------------------------
     def handle(self, func: OpOverload, args: tuple, kwargs: dict) -> Any:
         """Record (or run) one aten op of the capturing thread; returns what eager would."""
+        if hostflags.snapshot() != self.flags:
+            self.sync_flags()
+        if rng.generator_params(func):
+            self.rng.check_generators(func, args, kwargs)
         plan = plan_for(func, args, kwargs)
         if plan is None:  # a constant made in the capture: never planned
             return self._record_constant(args[0])

@@ -153,13 +153,22 @@ def build_fx(steps: list[Step], outputs: list[PoolRef]) -> tuple[fx.Graph, list[
             return resolve(x)
         if isinstance(x, torch.Tensor):
             return external(x)
+        if isinstance(x, torch.Generator):
+            raise CompileUnsupported(
+                "a random op draws from an explicit generator (generator=...), which an FX graph "
+                "cannot carry as an argument")
         return x
 
     for step in steps:
-        if step.kind in ("cond", "while"):
+        if step.kind == "host":
+            raise CompileUnsupported(
+                f"{step.func}: a generator-state step ({step.strategy.why if step.strategy else 'host call'}) "
+                f"is a Python call between kernels, which an FX graph cannot order against Inductor's "
+                f"random kernels")
+        if step.kind in ("cond", "while"):  # segmented.py runs these between compiled stretches
             raise CompileUnsupported(
                 f"control flow ({step.func}) is replayed by the interpreter: its predicate is read "
-                f"on the host at replay, which the compiled program does not do yet"
+                f"on the host at replay"
             )
         args = tree_map(arg, step.args)
         kwargs = tree_map(arg, step.kwargs)

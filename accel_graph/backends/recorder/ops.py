@@ -190,6 +190,7 @@ class Strategy:
       ``copy``      ``out.copy_(src)`` (casts, clones)
       ``none``      nothing to do at replay (``empty``)
       ``compute``   call the functional op and copy its results into the outputs (allocates)
+      ``host``      a Python call at replay (generator state; see :mod:`.rng`), not an op
     """
 
     kind: str

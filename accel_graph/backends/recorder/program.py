@@ -191,6 +191,8 @@ def _emit_step(em: _Emitter, step: Step) -> None:
     elif kind == "while":
         pred, cond_steps, body_steps = step.extra
         em.call(_run_while, (pred, build_replay(cond_steps, []), build_replay(body_steps, [])), {})
+    elif kind == "host":  # generator state (rng.HostCall): snapshot or restore
+        em.call(step.extra, step.args, {})
     elif kind in ("none", "view"):
         return  # nothing runs: contents undefined (empty), or an alias made at capture (view)
     else:  # pragma: no cover - a kind added to ops.Strategy must be handled here
