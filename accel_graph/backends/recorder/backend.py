@@ -28,7 +28,7 @@ from ..base import (
 )
 from . import collectives
 from .capture import Capture, InputRecord, Step, active_capture
-from .compiled import compile_program
+from .compiled import CompileUnsupported, compile_program
 from .dump import describe, write_dump
 from .pool import make_pool
 from .pool_protocol import GraphPool, PoolEvent, PoolRef
@@ -196,8 +196,10 @@ class RecorderGraphImpl(GraphImpl):
             run, info = compile_program(self._frozen_steps, self._inputs, self._outputs, self._pool)
         except Exception as exc:  # any compiler failure: replay still works, interpreted
             reason = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+            hint = "" if isinstance(exc, CompileUnsupported) else (
+                " Inductor needs a working C++ compiler on the CPU.")
             log.warning("compile='inductor' failed for a graph on %s (%s); using interpreted "
-                        "replay. Inductor needs a working C++ compiler on the CPU.", self.device, reason)
+                        "replay.%s", self.device, reason, hint)
             self._compiled = {"backend": "inductor", "fallback": reason}
             return build_replay(self._steps, self._inputs)
         self._compiled = info
