@@ -208,6 +208,15 @@ def _job_mismatch(rank: int, world: int) -> dict:
         found["op"] = "NO ERROR"
     except ReplayError as exc:
         found["op"] = str(exc)
+    # 2b. A different reduction on rank 1.
+    g2b = accel_graph.Graph()
+    with accel_graph.graph(g2b):
+        dist.all_reduce(y, op=dist.ReduceOp.SUM if rank == 0 else dist.ReduceOp.MAX)
+    try:
+        g2b.replay()
+        found["reduce"] = "NO ERROR"
+    except ReplayError as exc:
+        found["reduce"] = str(exc)
     # 3. The same programs everywhere: the check passes, replay works.
     g3 = accel_graph.Graph()
     with accel_graph.graph(g3):
@@ -247,14 +256,19 @@ def _job_mismatch(rank: int, world: int) -> dict:
 
 # -- one spawned pair runs every job; the tests assert on its reports ----------------------------
 def _compiled(rank: int, world: int) -> dict:
-    """compile="inductor": functional collectives compile (Inductor lowers them) and replay
-    equal to eager within tolerances; dist.all_reduce falls back to interpreted replay with the
-    reason kept."""
+    """compile="inductor": functional collectives, and dist.all_reduce / all_gather_into_tensor
+    (translated to their functional twins), compile in one graph and replay equal to eager
+    within tolerances; dist.all_to_all_single (not translated) falls back to interpreted replay
+    with the reason kept, and that replay is exact."""
     fc = _fc()
     x = _data(rank, 0)
 
     def fn(x):
-        return fc.all_reduce(x * 2, "sum", dist.group.WORLD) + 1
+        y = fc.all_reduce(x * 2, "sum", dist.group.WORLD) + 1
+        dist.all_reduce(y, op=dist.ReduceOp.MAX)
+        out = torch.empty(world * y.shape[0])
+        dist.all_gather_into_tensor(out, y)
+        return out * 3
 
     g = accel_graph.Graph(compile="inductor")
     with accel_graph.graph(g):
@@ -263,13 +277,14 @@ def _compiled(rank: int, world: int) -> dict:
     for i in range(1, 3):
         x.copy_(_data(rank, i))
         g.replay()
-        diffs.append(float((out - fn(x)).abs().max()))
+        diffs.append(float((out - fn(x)).abs().max() / fn(x).abs().max()))
     y = torch.ones(4)
     g2 = accel_graph.Graph(compile="inductor")
     with accel_graph.graph(g2):
-        dist.all_reduce(y)
+        dist.all_to_all_single(y, y.clone())
     g2.replay()
-    fallback = _check_cases(rank, {"dist.all_reduce": _inplace_cases()["dist.all_reduce"]}, "inductor")
+    fallback = _check_cases(rank, {"dist.all_to_all_single": _inplace_cases()["dist.all_to_all_single"]},
+                            "inductor")
     return {"diffs": diffs, "info": _compiled_info(g), "fallback_info": _compiled_info(g2),
             "fallback_value": y.tolist(), "fallback_problems": fallback}
 
@@ -333,8 +348,8 @@ def test_compiled_replay_of_collectives(reports):
     for out in _part(reports, "compiled"):
         assert out["info"]["backend"] == "inductor" and "fallback" not in out["info"], out
         assert all(d <= 1e-5 for d in out["diffs"]), out
-        assert "in-place collective" in out["fallback_info"]["fallback"], out
-        assert out["fallback_value"] == [2.0] * 4
+        assert "in-place collective without a functional" in out["fallback_info"]["fallback"], out
+        assert out["fallback_value"] == [1.0] * 4
         assert out["fallback_problems"] == []
 
 
@@ -344,6 +359,7 @@ def test_rank_mismatch_and_timeouts_fail_loudly_naming_rank_and_op(reports):
         assert "rank 1 records collective #0 as _c10d_functional::all_reduce(input=float32[6]" in out["shape"]
         assert "rank 0 records _c10d_functional::all_reduce(input=float32[4]" in out["shape"]
         assert "c10d::broadcast_" in out["op"] and "c10d::allreduce_" in out["op"], out["op"]
+        assert "reduce_op=MAX" in out["reduce"] and "reduce_op=SUM" in out["reduce"], out["reduce"]
         assert out["ok"] == [1.0] * 4
     r0 = results[0]
     assert r0["absent"].startswith("rank 0:"), r0["absent"]

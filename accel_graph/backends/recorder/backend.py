@@ -26,7 +26,7 @@ from ..base import (
     PoolStats,
     next_user_pool_id,
 )
-from . import collectives
+from . import collective_check, collectives
 from .capture import Capture, InputRecord, Step, active_capture
 from .compiled import CompileUnsupported, compile_program
 from .dump import describe, write_dump
@@ -72,7 +72,7 @@ class RecorderGraphImpl(GraphImpl):
         self._events: list[PoolEvent] = []
         self._allocations = 0
         #: The graph's collectives, checked across ranks at the first replay (None: none).
-        self._signature: collectives.Signature | None = None
+        self._signature: collective_check.Signature | None = None
         self.num_ops = 0
 
     def pool(self) -> PoolHandle:
@@ -160,7 +160,7 @@ class RecorderGraphImpl(GraphImpl):
         self._allocations = sum(1 for e in cap.events if e[0] == "alloc")
         # The program's tensors are created only now: during capture nothing held pool memory.
         self._frozen_steps = cap.steps
-        sig = collectives.signature_of(cap.steps, self.device.torch_device)
+        sig = collective_check.signature_of(cap.steps, self.device.torch_device)
         self._signature = sig if len(sig) else None
         self._steps = materialize(cap.steps, pool)
         self._capture = None
@@ -187,7 +187,7 @@ class RecorderGraphImpl(GraphImpl):
         else:
             self._replay_fn = build_replay(self._steps, self._inputs)
         if self._signature is not None:  # every rank checks the others at the first replay
-            self._replay_fn = collectives.with_first_replay_check(self._replay_fn, self._signature)
+            self._replay_fn = collective_check.with_first_replay_check(self._replay_fn, self._signature)
 
     def _compiled_or_fallback(self) -> Any:
         """Compiled replay, or the interpreted program with the reason logged."""

@@ -65,7 +65,7 @@ def replayed(steps: list[Step]) -> int:
 
 
 def allocates_at_replay(step: Step) -> bool:
-    return step.kind == "compute"
+    return step.kind == "compute" or (step.kind == "collective" and collectives.allocates(step.func))
 
 
 def materialize(steps: list[Step], pool: GraphPool) -> list[Step]:
