@@ -70,3 +70,14 @@ def test_no_process_group_means_no_known_groups():
     if dist.is_initialized():
         pytest.skip("a process group is initialized in this process")
     assert coll.known_groups() == frozenset()
+
+
+def test_check_capturable_rules_know_collectives():
+    """check_capturable applies ops.illegal_reason: a collective returns a Work handle, which is
+    not a host value, so it is legal unless refused by name."""
+    from accel_graph.backends.recorder.ops import illegal_reason
+
+    assert illegal_reason(c10d.allreduce_.default, (), {}) is None
+    assert illegal_reason(c10d.alltoall_base_.default, (), {}) is None
+    assert "barrier" in illegal_reason(c10d.barrier.default, (), {})
+    assert "point-to-point" in illegal_reason(c10d.send.default, (), {})

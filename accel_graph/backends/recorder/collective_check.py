@@ -83,7 +83,7 @@ def first_replay_check(sig: Signature) -> None:
                 dist.all_gather_into_tensor(gathered, local, group=group)
         except Exception as exc:
             raise ReplayError(
-                f"rank {me}: the first replay's check that every rank of process group {name!r} "
+                f"rank {me}: the first replay's check that every rank of process group {_shown(name, group)} "
                 f"(size {size}) captured the same collectives failed before collective #0 "
                 f"({mine[0]}): {str(exc).strip().splitlines()[0] if str(exc).strip() else exc!r}. "
                 f"A rank of the group did not replay a graph with collectives on this group (it "
@@ -97,6 +97,12 @@ def first_replay_check(sig: Signature) -> None:
         everyone: list[Any] = [None] * size
         dist.all_gather_object(everyone, mine, group=group)
         raise ReplayError(_mismatch_message(me, name, group, everyone))
+
+
+def _shown(name: str, group: Any) -> str:
+    """A group as error messages name it (the default group says so)."""
+    world = torch.distributed.group.WORLD
+    return f"{name!r} (the default group)" if group is world else repr(name)
 
 
 def _mismatch_message(me: int, name: str, group: Any, everyone: list[list[str]]) -> str:
@@ -115,7 +121,7 @@ def _mismatch_message(me: int, name: str, group: Any, everyone: list[list[str]])
         lines.append(f"rank {rank} records collective #{i} as {theirs}, but rank {ref_rank} "
                      f"records {ours}")
     return (
-        f"rank {me}: the ranks of process group {name!r} captured different collectives, "
+        f"rank {me}: the ranks of process group {_shown(name, group)} captured different collectives, "
         f"detected at the first replay: {'; '.join(lines)}. Every rank must capture the same "
         f"collectives (same ops, shapes, dtypes, groups, order) and replay the same graphs in the "
         f"same order; recapture on every rank."
