@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from accel_graph.backends.recorder import collective_replay
 from accel_graph.backends.recorder import collectives as coll
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")
@@ -43,12 +44,12 @@ def test_refused_collective_ops_say_why():
 
 
 def test_which_functional_collectives_allocate_at_replay():
-    assert not coll.allocates(F.all_reduce.default)  # in place on the captured output
-    assert not coll.allocates(F.broadcast.default)
-    assert not coll.allocates(F.all_gather_into_tensor.default)  # through the _out form
-    assert not coll.allocates(F.reduce_scatter_tensor.default)
-    assert coll.allocates(F.all_to_all_single.default)  # computed, then copied
-    assert not coll.allocates(c10d.allreduce_.default)  # in place as called
+    assert not collective_replay.allocates(F.all_reduce.default)  # in place on the captured output
+    assert not collective_replay.allocates(F.broadcast.default)
+    assert not collective_replay.allocates(F.all_gather_into_tensor.default)  # through the _out form
+    assert not collective_replay.allocates(F.reduce_scatter_tensor.default)
+    assert collective_replay.allocates(F.all_to_all_single.default)  # computed, then copied
+    assert not collective_replay.allocates(c10d.allreduce_.default)  # in place as called
 
 
 def test_descriptions_are_rank_independent_metadata():

@@ -32,13 +32,12 @@ from __future__ import annotations
 import functools
 import os
 import sys
-from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch._ops import OpOverload
 
-from ...errors import CaptureError, ReplayError
+from ...errors import CaptureError
 from .pool_protocol import PoolRef
 
 #: Namespaces of the collective ops.
@@ -259,13 +258,18 @@ def describe(func: OpOverload, args: tuple, kwargs: dict) -> str:
     return f"{func._schema.name}({', '.join(parts)})"
 
 
+def functional_ops() -> Any:
+    """``torch.ops._c10d_functional`` (looked up on first use, not at import)."""
+    return torch.ops._c10d_functional
+
+
 def as_functional(func: OpOverload, args: tuple, kwargs: dict) -> tuple[Any, tuple, Any] | None:
     """``(op, args, tensor)``: the functional collective that computes what the c10d op ``func``
     writes with these (frozen or FX) arguments, and the tensor it writes, for compiled replay
     (which copies the waited result back into that tensor); None when there is none (several
     tensors, sparse, a reduction without a functional name)."""
     name = func._schema.name
-    f = _functional_ops()
+    f = functional_ops()
     bound = {a.name: (args[i] if i < len(args) else kwargs.get(a.name, a.default_value))
              for i, a in enumerate(func._schema.arguments)}
     pg = bound.get("process_group")
@@ -298,104 +302,8 @@ def as_functional(func: OpOverload, args: tuple, kwargs: dict) -> tuple[Any, tup
     return None
 
 
-# -- replay --------------------------------------------------------------------------------------
-_F = None  # torch.ops._c10d_functional, bound on first use
-
-
-def _functional_ops() -> Any:
-    global _F
-    if _F is None:
-        _F = torch.ops._c10d_functional
-    return _F
-
-
-#: Functional collectives replayed in place on their captured output (after a copy of the input).
-_IN_PLACE_TWIN = {"_c10d_functional::all_reduce": "all_reduce_",
-                  "_c10d_functional::broadcast": "broadcast_"}
-#: Functional collectives replayed through their ``_out`` form into the captured output.
-_OUT_FORM = ("_c10d_functional::all_gather_into_tensor", "_c10d_functional::reduce_scatter_tensor")
-
-
-def allocates(func: OpOverload) -> bool:
-    """Whether replay of this collective allocates (a functional collective with neither an
-    in-place twin nor an ``_out`` form: computed, then copied into the captured outputs)."""
-    name = func._schema.name
-    return role(func) == ISSUE and name not in _IN_PLACE_TWIN and name not in _OUT_FORM
-
-
-def _wait_all(x: Any, wait: Callable[[Any], Any]) -> None:
-    if isinstance(x, torch.Tensor):
-        wait(x)
-    elif isinstance(x, (list, tuple)):
-        for y in x:
-            _wait_all(y, wait)
-
-
-def replay_fn(func: OpOverload, args: tuple, kwargs: dict, outputs: tuple, index: int,
-              description: str) -> Callable[[], None]:
-    """The replay of one recorded collective, with materialized arguments and outputs: issue
-    it, wait for it, and (functional ops) leave the result in the captured outputs. A failure
-    (a timeout, a broken group) raises ReplayError naming this rank, the op and its index."""
-    f = _functional_ops()
-    wait_tensor = f.wait_tensor.default
-    r = role(func)
-    name = func._schema.name
-    op = func._op
-    if r == INPLACE and func.namespace == C10D:
-        def run() -> None:
-            res = op(*args, **kwargs)
-            (res[-1] if isinstance(res, tuple) else res).wait()
-    elif r == INPLACE:
-        def run() -> None:
-            _wait_all(op(*args, **kwargs), wait_tensor)
-    elif name in _IN_PLACE_TWIN and not kwargs and len(args) == 3:
-        # In place on the captured output: no allocation, the same collective on the same data.
-        out, (src, arg, group) = outputs[0], args
-        inplace = getattr(f, _IN_PLACE_TWIN[name]).default._op
-        copy = torch.ops.aten.copy_.default._op
-
-        def run() -> None:
-            copy(out, src)
-            wait_tensor(inplace(out, arg, group))
-    elif name in _OUT_FORM and not kwargs:
-        out_op = (f.all_gather_into_tensor_out if "gather" in name else f.reduce_scatter_tensor_out)
-        out_op = out_op.default._op
-        out = outputs[0]
-
-        def run() -> None:
-            wait_tensor(out_op(*args, out=out))
-    else:
-        copy = torch.ops.aten.copy_.default._op
-
-        def run() -> None:
-            res = op(*args, **kwargs)
-            flat = [res] if isinstance(res, torch.Tensor) else list(res)
-            for out, value in zip(outputs, flat):
-                copy(out, wait_tensor(value))
-
-    def guarded() -> None:
-        try:
-            run()
-        except Exception as exc:
-            raise ReplayError(_failure_message(index, description, exc)) from exc
-
-    return guarded
-
-
-def _failure_message(index: int, description: str, exc: BaseException) -> str:
-    dist = torch.distributed
-    rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else "?"
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
-    return (
-        f"rank {rank}: collective #{index} of the graph, {description}, failed at replay: "
-        f"{first}. A timeout means another rank did not issue the same collective (every rank "
-        f"must replay the same graphs in the same order); the process group may be unusable "
-        f"after a failure, destroy and recreate it."
-    )
-
-
 __all__ = [
-    "IDENTITY", "INPLACE", "ISSUE", "REFUSED_CALLERS", "REFUSED_OPS", "allocates", "as_functional",
-    "capture_result", "check_call", "completed_work", "describe", "group_of", "is_collective",
-    "known_groups", "reduce_op_name", "refusal", "refused_caller", "replay_fn", "role",
+    "IDENTITY", "INPLACE", "ISSUE", "REFUSED_CALLERS", "REFUSED_OPS", "as_functional",
+    "capture_result", "check_call", "completed_work", "describe", "functional_ops", "group_of",
+    "is_collective", "known_groups", "reduce_op_name", "refusal", "refused_caller", "role",
 ]
