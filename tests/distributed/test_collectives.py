@@ -148,7 +148,18 @@ def _job_capture_replay(rank: int, world: int) -> dict:
         expect = step(x)
         if not torch.equal(out, expect):
             problems.append(f"rank {rank} step replay {i}: differs from eager")
-    return {"problems": problems, "threads": torch.get_num_threads()}
+    # Repeated captures of dist.all_reduce do not grow the process-wide plan cache (its reduce
+    # op arrives as a fresh script object on every call).
+    from accel_graph.backends.recorder import plan
+
+    y = torch.ones(4)
+    sizes = []
+    for _ in range(5):
+        g = accel_graph.Graph()
+        with accel_graph.graph(g):
+            dist.all_reduce(y)
+        sizes.append(len(plan._PLANS))
+    return {"problems": problems, "threads": torch.get_num_threads(), "plan_sizes": sizes}
 
 
 def _refusal(fn) -> str:
@@ -332,6 +343,11 @@ def _part(reports: list[dict], name: str) -> list[dict]:
 def test_collectives_capture_and_replay_equal_eager(reports):
     problems = [p for r in _part(reports, "replay") for p in r["problems"]]
     assert problems == []
+
+
+def test_repeated_captures_of_c10d_collectives_do_not_grow_the_plan_cache(reports):
+    for r in _part(reports, "replay"):
+        assert len(set(r["plan_sizes"])) == 1, r["plan_sizes"]
 
 
 def test_run_ranks_shares_the_cpus_out(reports):
