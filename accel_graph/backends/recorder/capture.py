@@ -30,12 +30,15 @@ from torch._ops import OpOverload
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ...errors import CaptureError
+from . import collectives as coll
 from . import hostflags, rng
 from . import ops as opinfo
 from .control_flow import register_rules
-from .plan import FUNCTIONAL, MUTATE, VIEW, Plan, plan_for
+from .modes import mode_stack, remove_mode
+from .plan import COLLECTIVE, FUNCTIONAL, MUTATE, VIEW, Plan, plan_for, user_frame
 from .pool_protocol import GraphPool, PoolEvent, PoolRef
 from .pytree import first_tensor, tree_flatten, tree_map
+from .values import poison, prewrapped
 
 _tls = threading.local()
 _LIFT_FRESH = torch.ops.aten.lift_fresh.default
@@ -59,38 +62,9 @@ def active_capture() -> Capture | None:
 def discard_finished_modes() -> None:
     """Take every recording mode whose capture is over off this thread's dispatch stack
     (modes above it keep their order). Such modes only pass ops through; this makes them go."""
-    stack = _get_mode_stack()
-    stale = [m for m in stack if isinstance(m, _RecordingMode) and m.finished]
+    stale = [m for m in mode_stack() if isinstance(m, _RecordingMode) and m.finished]
     for mode in stale:
-        _remove_mode(mode)
-
-
-def _get_mode_stack() -> list[Any]:
-    n = torch._C._len_torch_dispatch_stack()
-    return [torch._C._get_dispatch_stack_at(i) for i in range(n)]
-
-
-def _remove_mode(mode: TorchDispatchMode) -> None:
-    """Take ``mode`` off this thread's dispatch stack wherever it is. On top (the usual case)
-    it is exited properly; below modes the user left open, those are lifted off and put back."""
-    stack = _get_mode_stack()
-    if mode not in stack:
-        return
-    if stack[-1] is mode:
-        try:
-            mode.__exit__(None, None, None)
-            return
-        except Exception:  # flags of the mode disturbed by user code: pop it plainly below
-            if torch._C._len_torch_dispatch_stack() < len(stack):
-                return  # __exit__ popped it before failing
-    above = []
-    while torch._C._len_torch_dispatch_stack():
-        top = torch._C._pop_torch_dispatch_stack(None)
-        if top is mode:
-            break
-        above.append(top)
-    for m in reversed(above):
-        torch._C._push_on_torch_dispatch_stack(m)
+        remove_mode(mode)
 
 
 def set_active_capture(capture: Capture | None) -> None:
@@ -170,6 +144,8 @@ class Capture:
         # them; a location is only an address, a shape, strides and a dtype).
         self._locs: dict[int, tuple[Any, ...]] = {}
         self.reserved_before = pool.reserved_bytes()
+        #: Process groups that existed at begin: a collective on a newer one is refused.
+        self.groups_at_begin = coll.known_groups()
         self.mode = _RecordingMode(self)
         #: Generator-state calls of this thread during the capture (``generators``: those
         #: registered with the graph, which random ops may draw from besides the defaults).
@@ -209,7 +185,7 @@ class Capture:
         if self.thread is threading.current_thread():
             if getattr(_tls, "capture", None) is self:
                 _tls.capture = None
-            _remove_mode(self.mode)
+            remove_mode(self.mode)
 
     def invalidate(self, func: OpOverload | str, exc: BaseException) -> None:
         """An illegal op raised ``exc`` at ``func``: the capture is over, as on CUDA. Called
@@ -329,6 +305,8 @@ class Capture:
             return self._run_view(func, args, kwargs)
         if kind is MUTATE:
             return self._record_mutation(func, args, kwargs, plan)
+        if kind is COLLECTIVE:
+            return self._record_collective(func, args, kwargs, plan)
         # Metadata-only in-place ops (t_, unsqueeze_, as_strided_) change the tensor object
         # now, exactly as in eager, and touch no data; pure metadata queries (METADATA_OPS;
         # illegal ones are refused when planning): run, record nothing (RUN).
@@ -344,7 +322,7 @@ class Capture:
         self.refs[key] = ref
         self._locs[id(t)] = (weakref.ref(t), t.data_ptr(), t.shape, t.stride(), t.dtype, ref)
         if self.poison:
-            _poison(t)
+            poison(t)
         return t
 
     def frozen_arg(self, x: Any) -> Any:
@@ -393,6 +371,20 @@ class Capture:
                     self._roots[id(o)] = (weakref.ref(o), root)
         return out
 
+    def _record_collective(self, func: OpOverload, args: tuple, kwargs: dict, plan: Plan) -> Any:
+        """A collective (:mod:`.collectives`): nothing is communicated now. Functional ones get
+        pool outputs; in-place ones are recorded as called and return a completed ``Work``;
+        ``wait_tensor`` returns its argument."""
+        coll.check_call(func, args, kwargs, self.groups_at_begin, user_frame())
+        role = coll.role(func)
+        if role == coll.IDENTITY:
+            return args[0] if args else next(iter(kwargs.values()))
+        if role == coll.ISSUE:
+            return self._record_functional(func, args, kwargs, plan)
+        fargs, fkwargs = self._frozen_args(args, kwargs, True)
+        self.steps.append(Step(func, "collective", fargs, fkwargs, strategy=plan.strategy))
+        return coll.capture_result(func, args, kwargs)
+
     def _record_mutation(self, func: OpOverload, args: tuple, kwargs: dict, plan: Plan) -> Any:
         fargs, fkwargs = self._frozen_args(args, kwargs, True)
         self.steps.append(Step(func, "mutate", fargs, fkwargs))
@@ -420,7 +412,7 @@ class Capture:
             refs[key] = ref
             locs[id(t)] = (weakref.ref(t), t.data_ptr(), t.shape, t.stride(), t.dtype, ref)
             if self.poison:
-                _poison(t)
+                poison(t)
             outs.append(t)
             out_refs.append(ref)
         fargs, fkwargs = self._frozen_args(args, kwargs, True)
@@ -432,7 +424,7 @@ class Capture:
             if plan.prewrap:
                 # Interpreted replay's arguments (numbers pre-wrapped); the compiled program
                 # keeps the Python numbers, which Inductor folds into its kernels.
-                extra = _prewrap_frozen(args, fargs, plan.prewrap)
+                extra = prewrapped(args, fargs, plan.prewrap)
         elif kind == "fill":
             extra = self.freeze(opinfo.fill_value(func, args, kwargs))
         elif kind == "random":
@@ -445,33 +437,6 @@ class Capture:
             return outs[0]
         it = iter(outs)
         return tree_map(lambda _: next(it), plan.structure)
-
-
-def _prewrap_frozen(args: tuple, fargs: tuple, positions: tuple[int, ...]) -> tuple:
-    """``fargs`` (frozen ``args``) with the Python numbers at ``positions`` pre-wrapped as
-    0-dim tensors made once, for interpreted replay.
-
-    Eager wraps such a number in a fresh float64/int64 tensor on every call and the kernel
-    casts it to the computation dtype (two allocations a call on the CPU). A 0-dim tensor
-    already of that dtype (``torch.result_type`` of the tensor operand and the number) gives
-    the same value and the same type promotion, and replay allocates nothing for it.
-    """
-    first = next(a for a in args if isinstance(a, _Tensor))
-    out = list(fargs)
-    for i in positions:
-        value = args[i]
-        out[i] = torch.tensor(value, dtype=torch.result_type(first, value))
-    return tuple(out)
-
-
-def _poison(t: torch.Tensor) -> None:
-    with torch.no_grad():
-        if t.is_floating_point() or t.is_complex():
-            t.fill_(float("nan"))
-        elif t.dtype == torch.bool:
-            t.fill_(True)
-        else:
-            t.fill_(-0x5A5A5A5A if t.dtype in (torch.int32, torch.int64) else 0x5A)
 
 
 class _RecordingMode(TorchDispatchMode):

@@ -38,6 +38,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from . import collectives
 from .capture import InputRecord, Step
 from .pool_protocol import GraphPool, PoolRef
 from .pytree import tree_map
@@ -172,6 +173,9 @@ def build_fx(steps: list[Step], outputs: list[PoolRef]) -> tuple[fx.Graph, list[
             )
         args = tree_map(arg, step.args)
         kwargs = tree_map(arg, step.kwargs)
+        if step.kind == "collective":
+            _collective_node(graph, step, args, kwargs, by_ref, allocations)
+            continue
         if step.kind == "mutate":
             graph.call_function(step.func, tuple(args), kwargs)
             continue
@@ -208,6 +212,40 @@ def build_fx(steps: list[Step], outputs: list[PoolRef]) -> tuple[fx.Graph, list[
     graph.output(())
     graph.lint()
     return graph, ext_tensors, outputs
+
+
+def _collective_node(graph: fx.Graph, step: Step, args: Any, kwargs: Any,
+                     by_ref: dict[PoolRef, fx.Node], allocations: dict) -> None:
+    """A collective as Inductor expects it: a functional op, then ``wait_tensor`` of each result.
+    c10d in-place ops (``dist.all_reduce``, ...; their process group is a script object Inductor
+    does not take) become their functional twin plus a ``copy_`` back into the tensor they
+    mutate, where :func:`.collectives.as_functional` knows one; others are not compiled."""
+    functional = collectives.as_functional(step.func, args, kwargs)
+    if functional is not None:
+        # An in-place c10d op as its functional twin, waited for and copied back into the
+        # tensor it mutates (AOT functionalization refuses the in-place functional ops).
+        op, fargs, target = functional
+        value = graph.call_function(torch.ops._c10d_functional.wait_tensor.default,
+                                    (graph.call_function(op, fargs),))
+        graph.call_function(aten.copy_.default, (target, value))
+        return
+    if collectives.role(step.func) != collectives.ISSUE:
+        raise CompileUnsupported(
+            f"{step.func} is an in-place collective without a functional equivalent here (only "
+            f"single-tensor all_reduce, broadcast, all_gather_into_tensor and "
+            f"reduce_scatter_tensor are translated); use the functional collectives "
+            f"(torch.distributed._functional_collectives) for compiled replay"
+        )
+    wait = torch.ops._c10d_functional.wait_tensor.default
+    node = graph.call_function(step.func, tuple(args), kwargs)
+    single = isinstance(step.func._schema.returns[0].type, torch.TensorType)
+    for pos, out in zip(step.positions, step.outputs):
+        value = node if single else graph.call_function(operator.getitem, (node, pos))
+        value = graph.call_function(wait, (value,))
+        by_ref[out] = value
+        key = (out.segment, out.byte_offset)
+        allocations.pop(key, None)
+        allocations[key] = (out, value)
 
 
 def _leaf_key(x: Any, keep: list[Any]) -> Any:

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from ...errors import ReplayError
+from . import collective_replay, collectives
 from .capture import InputRecord, Step
 from .pool_protocol import GraphPool, PoolRef
 
@@ -41,6 +42,8 @@ class _Emitter:
         self.ns: dict[str, Any] = {}
         self.lines: list[str] = []
         self._n = 0
+        #: Collectives emitted so far (their index in error messages).
+        self.collectives = 0
 
     def bind(self, obj: Any) -> str:
         name = f"v{self._n}"
@@ -73,7 +76,7 @@ CONTROL_KINDS = ("cond", "while")
 
 
 def allocates_at_replay(step: Step) -> bool:
-    return step.kind == "compute"
+    return step.kind == "compute" or (step.kind == "collective" and collective_replay.allocates(step.func))
 
 
 def materialize(steps: list[Step], pool: GraphPool) -> list[Step]:
@@ -193,6 +196,12 @@ def _emit_step(em: _Emitter, step: Step) -> None:
         em.call(_run_while, (pred, build_replay(cond_steps, []), build_replay(body_steps, [])), {})
     elif kind == "host":  # generator state (rng.HostCall): snapshot or restore
         em.call(step.extra, step.args, {})
+    elif kind == "collective":
+        fn = collective_replay.replay_fn(step.func, step.args, step.kwargs, step.outputs,
+                                         em.collectives,
+                                         collectives.describe(step.func, step.args, step.kwargs))
+        em.collectives += 1
+        em.call(fn, (), {})
     elif kind in ("none", "view"):
         return  # nothing runs: contents undefined (empty), or an alias made at capture (view)
     else:  # pragma: no cover - a kind added to ops.Strategy must be handled here
