@@ -294,6 +294,9 @@ class _Graphed:
             @staticmethod
             @torch.autograd.function.once_differentiable
             def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+                for k, wanted in enumerate(ctx.needs_input_grad):
+                    if wanted and not e.needs_grad[k]:  # torch would return None: refuse
+                        raise ReplayError(outer._no_grad_message(k))
                 return outer.run_backward(grads)
 
         self.function = GraphedFunction
@@ -307,7 +310,6 @@ class _Graphed:
                 f"{spec}, but captured with {e.arg_spec}: pass arguments in the same order and "
                 f"format as its sample_args"
             )
-        needed = False
         for k, (live, static) in enumerate(zip(flat, e.flat, strict=True)):
             if not isinstance(live, torch.Tensor):
                 raise ReplayError(
@@ -321,12 +323,15 @@ class _Graphed:
                     f"dtypes and devices it captured. Pad or split to that shape, or graph the "
                     f"callable once per shape"
                 )
-        for k, t in enumerate(tuple(flat) + e.params):
-            if grad_on and t.requires_grad:
-                needed = True
-                if not e.needs_grad[k]:
-                    raise ReplayError(self._no_grad_message(k))
-        return needed
+        wants = grad_on and any(t.requires_grad for t in tuple(flat) + e.params)
+        if wants and not any(e.needs_grad) and any(t.requires_grad for t in e.surface):
+            # Graphed with autograd off although its parameters or samples require grad: no
+            # backward graph exists, and the outputs would silently carry no gradient.
+            k = next(i for i, t in enumerate(tuple(flat) + e.params) if t.requires_grad)
+            raise ReplayError(self._no_grad_message(k))
+        # Otherwise a live input that requires grad where the sample did not runs forward (as
+        # in torch); its missing gradient is refused in backward, if one is ever asked for.
+        return wants
 
     def _no_grad_message(self, k: int) -> str:
         e = self.e
@@ -336,7 +341,7 @@ class _Graphed:
             why = "its sample did not require grad, so the backward graph does not compute it"
         return (
             f"{e.names[k]} of the graphed callables[{e.index}] requires grad, but {why}; its "
-            f"gradient would be silently missing. Give the sample argument the requires_grad of the "
+            f"gradient would be silently missing, so backward is refused. Give the sample argument the requires_grad of the "
             f"real one and graph again (with autograd enabled), or call under torch.no_grad()"
         )
 

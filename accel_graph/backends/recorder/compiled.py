@@ -40,7 +40,7 @@ import torch.fx as fx
 
 from . import collectives
 from .capture import InputRecord, Step
-from .pool_protocol import GraphPool, PoolRef
+from .pool_protocol import GraphPool, PoolRef, refs_overlap
 from .pytree import tree_map
 
 log = logging.getLogger("accel_graph")
@@ -375,7 +375,16 @@ def compile_program(
     Returns ``(replay_fn, info)``; raises on any failure."""
     t0 = time.perf_counter()
     graph, ext, out_refs = build_fx(steps, outputs)
+    # An input over pool memory the program also writes as an output (a backward graph writing
+    # a gradient where an activation it read lived, memory reused within the capture): the
+    # compiled program reads a private copy of it, made before each run, since AOT autograd's
+    # synthetic bases do not keep the read-before-write order exact (gradients came out wrong).
+    clash = {i for i, x in enumerate(ext)
+             if isinstance(x, PoolRef) and any(refs_overlap(x, o) for o in out_refs)}
     ext = [pool.materialize(x) if isinstance(x, PoolRef) else x for x in ext]
+    staged = [(ext[i], ext[i].clone()) for i in sorted(clash)]
+    for i, (_, copy) in zip(sorted(clash), staged):
+        ext[i] = copy
     statics = [pool.materialize(r) for r in out_refs]
     example = [*ext, *statics]
     compiled, hit = _compiled_module(graph, example)
@@ -384,8 +393,16 @@ def compile_program(
 
     # compile_fx's result for a plain GraphModule is called unboxed, f(*args), even though it
     # carries _boxed_call=True (calling it with a list fails inside the AOT runtime wrapper).
-    def run() -> None:
-        compiled(*args)
+    if staged:
+        pairs = tuple(staged)
+
+        def run() -> None:
+            for src, copy in pairs:
+                copy.copy_(src)
+            compiled(*args)
+    else:
+        def run() -> None:
+            compiled(*args)
 
     info = {
         "backend": "inductor",
@@ -394,5 +411,6 @@ def compile_program(
         "fx_nodes": len(graph.nodes),
         "placeholders": len(example),
         "intermediates": "allocated per call by Inductor, outside the graph's pool",
+        "staged_inputs": len(staged),
     }
     return run, info

@@ -67,6 +67,15 @@ def storage_bytes(shape: Any, stride: Any, itemsize: int) -> int:
     return (1 + sum((s - 1) * st for s, st in zip(shape, stride))) * itemsize
 
 
+def refs_overlap(a: PoolRef, b: PoolRef) -> bool:
+    """Whether two pool locations share any byte."""
+    if a.segment != b.segment:
+        return False
+    a_end = a.byte_offset + storage_bytes(a.shape, a.stride, a.dtype.itemsize)
+    b_end = b.byte_offset + storage_bytes(b.shape, b.stride, b.dtype.itemsize)
+    return a.byte_offset < b_end and b.byte_offset < a_end
+
+
 def standalone_peak(events: list[PoolEvent]) -> int:
     """Peak reserved bytes of an allocation log replayed on an empty pool.
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from .capture import InputRecord, Step
 from .compiled import compile_program
-from .pool_protocol import GraphPool, PoolRef, storage_bytes
+from .pool_protocol import GraphPool, PoolRef, refs_overlap
 from .program import build_replay, materialize
 from .pytree import tree_flatten
 
@@ -189,9 +189,6 @@ def _writes_what_it_reads(owners: dict[int, list[tuple[PoolRef, int | None]]], s
 def _alive_at_end(ref: PoolRef, j: int, steps: list[Step]) -> bool:
     """Whether no later allocation (in any stretch) took ``ref``'s memory after step ``j``."""
     return not any(_overlap(ref, other) for s in steps[j + 1:] for other in _allocations(s))
-def _overlap(a: PoolRef, b: PoolRef) -> bool:
-    if a.segment != b.segment:
-        return False
-    a_end = a.byte_offset + storage_bytes(a.shape, a.stride, a.dtype.itemsize)
-    b_end = b.byte_offset + storage_bytes(b.shape, b.stride, b.dtype.itemsize)
-    return a.byte_offset < b_end and b.byte_offset < a_end
+
+
+_overlap = refs_overlap

@@ -11,6 +11,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "upstream_compiled: an upstream-port test that also runs under compile='inductor'"
     )
+    config.addinivalue_line(
+        "markers", "issue13_item(n, what): the issue-13 feature an upstream-port test exercises"
+    )
 
 
 @pytest.fixture(autouse=True)

@@ -176,7 +176,9 @@ def test_graph_make_graphed_callables_parameterless_nograd_module(
         outs[name] = []
         for data, _ in zip(real_inputs, real_targets, strict=True):
             with _amp(device, with_amp, cache_enabled):
-                outs[name].append(m({"x": data, "unused_input": unused_input})["output"])
+                # .clone(): a graphed callable's outputs are its static buffers (as torch's), which
+                # the next call overwrites.
+                outs[name].append(m({"x": data, "unused_input": unused_input})["output"].clone())
     # Upstream only runs the loops; the outputs must also agree (the module is deterministic).
     for got, want in zip(outs["graphed"], outs["control"], strict=True):
         assert_close(got, want)
