@@ -37,79 +37,9 @@ import torch.utils._pytree as pytree
 from .backends import select_backend
 from .errors import CaptureError, ConfigError, ReplayError
 from .frontend import Graph, graph, graph_pool_handle
+from .graphed_checks import check_autocast, check_module, describe, flatten_args, output_leaves
 
 __all__ = ["make_graphed_callables"]
-
-
-def _check_autocast(device: torch.device | None) -> None:
-    # Autocast's cast cache would hand the capture tensors cast before it (or keep pool tensors
-    # alive after it); torch refuses it for the same reason. torch checks CUDA's autocast (the
-    # no-argument form); the graphs' own device type is checked too.
-    kinds = [None] if device is None or device.type == "cuda" else [None, device.type]
-    enabled = any(torch.is_autocast_enabled(*([k] if k else [])) for k in kinds)
-    if enabled and torch.is_autocast_cache_enabled():
-        raise CaptureError(
-            "make_graphed_callables cannot run under autocast with its cast cache enabled: cached "
-            "casts would leak into (or out of) the captured graphs. Use "
-            "torch.autocast(..., cache_enabled=False)"
-        )
-
-
-def _describe(t: torch.Tensor) -> str:
-    return f"shape {tuple(t.shape)}, dtype {t.dtype}, device {t.device}"
-
-
-def _check_module(i: int, c: torch.nn.Module) -> None:
-    hooks = {
-        "forward hooks": c._forward_hooks,
-        "forward pre-hooks": c._forward_pre_hooks,
-        "backward hooks": c._backward_hooks,
-    }
-    found = [name for name, table in hooks.items() if len(table)]
-    if found:
-        raise ConfigError(
-            f"callables[{i}] ({type(c).__name__}) has {', '.join(found)} registered: a captured "
-            f"graph would run them once, at capture, never at replay. Register hooks after "
-            f"make_graphed_callables, or remove them first"
-        )
-    for name, b in c.named_buffers():
-        if b.requires_grad:
-            raise ConfigError(
-                f"buffer {name!r} of callables[{i}] ({type(c).__name__}) requires grad: only "
-                f"parameters may be trainable in a graphed module (their gradients are the "
-                f"backward graph's outputs). Set requires_grad=False on the buffer, or make it a "
-                f"Parameter"
-            )
-
-
-def _flatten_args(i: int, args: object) -> tuple[tuple[torch.Tensor, ...], pytree.TreeSpec]:
-    if not isinstance(args, (tuple, list)):
-        raise TypeError(
-            f"sample_args[{i}] is a {type(args).__name__}; pass a tuple of the arguments of "
-            f"callables[{i}] (with one callable, sample_args itself is that tuple)"
-        )
-    leaves, spec = pytree.tree_flatten(tuple(args))
-    for j, leaf in enumerate(leaves):
-        if not isinstance(leaf, torch.Tensor):
-            raise TypeError(
-                f"sample_args[{i}] holds a {type(leaf).__name__} as flattened argument {j}: only "
-                f"tensors may be arguments of a graphed callable (a graph cannot take a new Python "
-                f"value at replay). Bind other values with functools.partial or a Module attribute"
-            )
-    return tuple(leaves), spec
-
-
-def _output_leaves(i: int, outputs: object) -> tuple[list[torch.Tensor], pytree.TreeSpec]:
-    leaves, spec = pytree.tree_flatten(outputs)
-    for j, leaf in enumerate(leaves):
-        if not isinstance(leaf, torch.Tensor):
-            raise TypeError(
-                f"callables[{i}] returned a {type(leaf).__name__} as flattened output {j}: a "
-                f"graphed callable may return only tensors (nested in tuples, lists or dicts), "
-                f"because replay cannot produce a new Python value. Return it as a tensor, or "
-                f"compute it outside the graphed callable"
-            )
-    return leaves, spec
 
 
 @dataclass
@@ -151,10 +81,10 @@ def _entries(callables: tuple[Any, ...], sample_args: Sequence[Any]) -> list[_En
         params: tuple[torch.nn.Parameter, ...] = ()
         pnames: tuple[str, ...] = ()
         if isinstance(c, torch.nn.Module):
-            _check_module(i, c)
+            check_module(i, c)
             named = list(c.named_parameters())
             params, pnames = tuple(p for _, p in named), tuple(f"parameter {n!r}" for n, _ in named)
-        flat, spec = _flatten_args(i, args)
+        flat, spec = flatten_args(i, args)
         names = tuple(f"argument {j}" for j in range(len(flat))) + pnames
         out.append(_Entry(i, c, tuple(args), flat, spec, params, names))
     return out
@@ -228,7 +158,7 @@ def _foreign_leaves(e: _Entry, outputs: Sequence[torch.Tensor]) -> list[torch.Te
 def _warmup(entries: list[_Entry], iters: int, allow_unused: bool) -> None:
     for e in entries:
         for _ in range(iters):
-            outs, _ = _output_leaves(e.index, e.func(*e.args))
+            outs, _ = output_leaves(e.index, e.func(*e.args))
             needs = [o for o in outs if o.requires_grad]
             if needs:
                 _grad(e, needs, [torch.empty_like(o) for o in needs], allow_unused)
@@ -243,14 +173,14 @@ def _capture(entries: list[_Entry], pool: object, device: torch.device | None,
         e.fwd = Graph(device=device)
         with graph(e.fwd, pool=pool):
             result = e.func(*e.args)
-        leaves, e.out_spec = _output_leaves(e.index, result)
+        leaves, e.out_spec = output_leaves(e.index, result)
         e.outputs = tuple(leaves)
         foreign = _foreign_leaves(e, e.outputs)
         if foreign:
             raise CaptureError(
                 f"the outputs of callables[{e.index}] depend on {len(foreign)} tensor(s) that "
                 f"require grad but are neither its sample arguments nor its parameters (first: "
-                f"{_describe(foreign[0])}): the backward graph would drop their gradients. "
+                f"{describe(foreign[0])}): the backward graph would drop their gradients. "
                 f"Pass them as arguments, or make them parameters of the Module"
             )
     for e in reversed(entries):
@@ -314,12 +244,12 @@ class _Graphed:
             if not isinstance(live, torch.Tensor):
                 raise ReplayError(
                     f"argument {k} of the graphed callables[{e.index}] is a "
-                    f"{type(live).__name__}; it was captured with a tensor ({_describe(static)})"
+                    f"{type(live).__name__}; it was captured with a tensor ({describe(static)})"
                 )
             if (live.shape, live.dtype, live.device) != (static.shape, static.dtype, static.device):
                 raise ReplayError(
-                    f"argument {k} of the graphed callables[{e.index}] has {_describe(live)}, but "
-                    f"it was captured with {_describe(static)}: a graph replays only the shapes, "
+                    f"argument {k} of the graphed callables[{e.index}] has {describe(live)}, but "
+                    f"it was captured with {describe(static)}: a graph replays only the shapes, "
                     f"dtypes and devices it captured. Pad or split to that shape, or graph the "
                     f"callable once per shape"
                 )
@@ -475,7 +405,7 @@ def make_graphed_callables(
         raise ConfigError(f"num_warmup_iters={num_warmup_iters!r}; pass an int >= 0")
     entries = _entries(funcs, samples)
     device = _device_of(entries)
-    _check_autocast(device)
+    check_autocast(device)
     backend, dev = select_backend(device)
     native = _native_make_graphed(backend, device)
     if native is not None:
