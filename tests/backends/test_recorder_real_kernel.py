@@ -93,3 +93,21 @@ def test_profiler_ranges_are_run_at_capture_and_not_recorded(tmp_path):
 def _ranged(t):
     with torch.autograd.profiler.record_function("range"):
         return t * 2
+
+
+def test_lstm_captured_without_grad_mode_replays_bitwise():
+    """No grad mode: the CPU kernel's workspace is undefined, and replay computes the layer
+    and copies its defined outputs (the .out overload cannot express an undefined output)."""
+    torch.manual_seed(0)
+    lstm = torch.nn.LSTM(8, 16, num_layers=2, bidirectional=True, batch_first=True).eval()
+    x = torch.randn(3, 5, 8)
+    with torch.no_grad():
+        lstm(x)
+        g = ag.Graph(device="cpu")
+        with ag.graph(g):
+            out, (h, c) = lstm(x)
+        for seed in (1, 2):
+            x.copy_(torch.randn(3, 5, 8, generator=torch.Generator().manual_seed(seed)))
+            g.replay()
+            e_out, (e_h, e_c) = lstm(x)
+            assert torch.equal(out, e_out) and torch.equal(h, e_h) and torch.equal(c, e_c)
