@@ -94,6 +94,8 @@ class Step:
     extra: Any = None
     #: Index of each output among the op's flattened results (for rebuilding it as FX).
     positions: tuple[int, ...] = ()
+    #: Replay runs this step with grad mode on (its kernel's outputs depend on it).
+    grad: bool = False
 
 
 @dataclass
@@ -432,7 +434,7 @@ class Capture:
         elif kind == "copy":
             extra = self.freeze(first_tensor((args, kwargs)))
         self.steps.append(Step(func, kind, fargs, fkwargs, tuple(out_refs), strategy, extra,
-                               plan.positions))
+                               plan.positions, plan.grad))
         if plan.single:
             return outs[0]
         it = iter(outs)

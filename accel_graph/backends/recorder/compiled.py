@@ -171,6 +171,10 @@ def build_fx(steps: list[Step], outputs: list[PoolRef]) -> tuple[fx.Graph, list[
                 f"control flow ({step.func}) is replayed by the interpreter: its predicate is read "
                 f"on the host at replay"
             )
+        if step.grad:
+            # Inductor runs the kernel as its meta kernel describes it, and not under the grad
+            # mode this kernel's outputs depend on (mkldnn_rnn_layer's workspace with grad on).
+            raise CompileUnsupported(f"{step.func} depends on grad mode, which Inductor does not keep")
         args = tree_map(arg, step.args)
         kwargs = tree_map(arg, step.kwargs)
         if step.kind == "collective":

@@ -64,6 +64,24 @@ METADATA_OPS: frozenset[str] = frozenset(
 )
 
 
+#: Observer ops, by schema name: profiler ranges and annotations. They return a handle (a
+#: ``RecordFunction`` object, or a handle tensor of the legacy ``_record_function_enter``) or
+#: nothing, and read no tensor data, so they are not host reads. Capture runs them for real (the
+#: range appears in a profile of the capture) and records nothing: replay runs no host-side
+#: profiler ranges, as a CUDA graph does not. ``Optimizer.step`` runs inside such a range.
+#: Left out on purpose: ``profiler::_call_end_callbacks_on_jit_fut`` (it chains a ``Future``,
+#: asynchronous RPC work a graph cannot contain; refused as a host value).
+OBSERVER_OPS: frozenset[str] = frozenset(
+    {"profiler::_record_function_enter", "profiler::_record_function_enter_new",
+     "profiler::_record_function_exit", "debug_mode_ops::annotate"}
+)
+
+
+def is_observer(func: OpOverload) -> bool:
+    """Whether ``func`` is an observer op (:data:`OBSERVER_OPS`): run at capture, not recorded."""
+    return func._schema.name in OBSERVER_OPS
+
+
 @functools.lru_cache(maxsize=8192)
 def returns_host_value(func: OpOverload) -> bool:
     """Whether the op returns a Python value (number, bool) rather than tensors: such an op
@@ -91,6 +109,8 @@ def _static_verdict(func: OpOverload) -> tuple[bool, str | None]:
         return False, collectives.refusal(func)
     if name in ILLEGAL_OPS:
         return False, ILLEGAL_OPS[name]
+    if is_observer(func):
+        return False, None
     if name in _ARG_DEPENDENT:
         return True, None
     return False, _tag_reason(func, name)

@@ -21,7 +21,7 @@ import torch
 from torch._ops import OpOverload
 
 from ...errors import CaptureError
-from . import collectives
+from . import collectives, validate
 from . import ops as opinfo
 from .pytree import first_tensor, tree_flatten, tree_map
 
@@ -63,13 +63,15 @@ def _key_of(x: Any) -> Any:
 
 
 def op_key(func: OpOverload, args: tuple, kwargs: dict) -> Any:
-    """The key of an op's metadata caches: the op, its arguments' metadata, and the default
-    dtype (factories and Python numbers take it). May be unhashable (callers catch TypeError)."""
+    """The key of an op's metadata caches: the op, its arguments' metadata, the default dtype
+    (factories and Python numbers take it) and grad mode (a few kernels read it, see
+    :attr:`Plan.grad`). May be unhashable (callers catch TypeError)."""
     if kwargs:
         kw: Any = tuple(sorted([(n, _key_of(v)) for n, v in kwargs.items()]))
     else:
         kw = ()
-    return (func, tuple([_key_of(a) for a in args]), kw, torch.get_default_dtype())
+    return (func, tuple([_key_of(a) for a in args]), kw, torch.get_default_dtype(),
+            torch.is_grad_enabled())
 
 
 # -- output metadata -------------------------------------------------------------------------
@@ -77,6 +79,7 @@ def op_key(func: OpOverload, args: tuple, kwargs: dict) -> Any:
 class _MetaResult:
     out: Any  # meta outputs (pytree), or a non-tensor value
     aliases: tuple[int | None, ...] = field(default_factory=tuple)  # per flat output
+    real: bool = False  # from a real run on zero stand-ins (no meta kernel), not a meta kernel
 
 
 #: Output metadata by op key, shared by every capture in the process, so repeated layers and
@@ -114,13 +117,7 @@ def _run_on(func: OpOverload, args: tuple, kwargs: dict, how: str) -> _MetaResul
     """Run ``func`` on stand-ins of its tensors (``how``: ``"meta"`` tensors, or zero-filled
     ones of the same layout; never pool memory or user tensors) and note output aliasing."""
     def convert(x: Any) -> Any:
-        if not isinstance(x, torch.Tensor):
-            return x
-        if how == "meta":
-            return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
-        return torch.zeros_like(x, memory_format=torch.preserve_format) if x.is_contiguous() else (
-            torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device).zero_()
-        )
+        return validate.standin(x, how)
 
     m_args = tree_map(convert, args)
     m_kwargs = tree_map(convert, kwargs)
@@ -137,15 +134,18 @@ def _run_on(func: OpOverload, args: tuple, kwargs: dict, how: str) -> _MetaResul
         if isinstance(o, torch.Tensor):
             s = o.untyped_storage()._cdata
             aliases.append(in_storages.index(s) if s in in_storages else None)
-    return _MetaResult(out, tuple(aliases))
+    if how != "meta":  # the real output may hold memory: keep only its metadata
+        out = tree_map(lambda x: validate.standin(x, "meta"), out)
+    return _MetaResult(out, tuple(aliases), real=how != "meta")
 
 
 # -- plans -----------------------------------------------------------------------------------
 #: Plan kinds: what a cached op does on every later call with the same argument metadata.
-#: ``RUN``: run it now and record nothing (metadata-only in-place ops such as ``t_``, and
-#: metadata queries); ``MUTATE``: in-place / ``out=``, recorded as called; ``VIEW``: run now
+#: ``RUN``: run it now and record nothing (metadata-only in-place ops such as ``t_``,
+#: metadata queries, and observer ops such as profiler ranges); ``MUTATE``: in-place / ``out=``, recorded as called; ``VIEW``: run now
 #: (views touch no data), replay refreshes the memory they alias; ``FUNCTIONAL``: outputs from
-#: the pool, replayed by :attr:`Plan.strategy`.
+#: the pool, replayed by :attr:`Plan.strategy` (also ops that write an argument and return only
+#: fresh tensors, such as ``rrelu_with_noise``: the replay call writes that argument again).
 #: ``COLLECTIVE``: a c10d or functional collective (:mod:`.collectives`); refusals that depend on
 #: the call (the Python caller, the process group) are checked on every call.
 RUN, MUTATE, VIEW, FUNCTIONAL, COLLECTIVE = "run", "mutate", "view", "functional", "collective"
@@ -161,7 +161,7 @@ class Plan:
     """
 
     __slots__ = ("kind", "rets", "specs", "device", "single", "structure", "strategy",
-                 "positions", "prewrap")
+                 "positions", "prewrap", "grad")
 
     def __init__(self, kind: str) -> None:
         self.kind = kind
@@ -176,6 +176,9 @@ class Plan:
         #: functional: index of each tensor output among the flat outputs
         self.positions: tuple[int, ...] = ()
         self.prewrap: tuple[int, ...] = ()  # out: argument indices holding Python numbers
+        #: functional: the kernel's outputs depend on grad mode, which was on at capture:
+        #: replay (under inference mode) runs the op with grad mode on
+        self.grad = False
 
 
 #: Plans by op key, shared by every capture in the process.
@@ -213,7 +216,7 @@ def plan_for(func: OpOverload, args: tuple, kwargs: dict) -> Plan | None:
     if func is _LIFT_FRESH:
         return None
     tags = func.tags
-    if torch.Tag.inplace_view in tags:
+    if torch.Tag.inplace_view in tags or opinfo.is_observer(func):
         plan = Plan(RUN)
     elif func._schema.is_mutable:
         plan = _plan_mutation(func, args, kwargs, key)
@@ -239,9 +242,20 @@ def _plan_functional(func: OpOverload, args: tuple, kwargs: dict, key: Any) -> P
             f"recorder cannot capture that mix (called at {user_frame()})"
         )
     plan = Plan(FUNCTIONAL)
+    strategy = opinfo.choose_strategy(func, args, kwargs)
+    out = meta.out
     layout = _input_layout(func, args)
+    checked = strategy.kind in ("out", "compute") and not meta.real
+    if checked:
+        # The kernel that will run decides the outputs, not the meta kernel (validate.py).
+        real = validate.real_run(func, args, kwargs)
+        if real is not None:
+            out, layout = tree_map(lambda x: validate.standin(x, "meta"), real), None
+            plan.grad = torch.is_grad_enabled() and validate.depends_on_grad_mode(
+                func, args, kwargs, real)
+    flat_out = tree_flatten(out)[0]
     specs: list[Any] = []
-    for m in flat_meta:
+    for m in flat_out:
         if not isinstance(m, torch.Tensor):
             specs.append((None, m))
             continue
@@ -252,11 +266,21 @@ def _plan_functional(func: OpOverload, args: tuple, kwargs: dict, key: Any) -> P
         specs.append((m.shape, stride, m.dtype))
     plan.specs = tuple(specs)
     plan.device = _output_device(args, kwargs)
-    plan.single = isinstance(meta.out, torch.Tensor)
-    plan.structure = meta.out
+    plan.single = isinstance(out, torch.Tensor)
+    plan.structure = out
     plan.positions = tuple(i for i, s in enumerate(specs) if s[0] is not None)
     n_tensors = len(plan.positions)
-    strategy = opinfo.choose_strategy(func, args, kwargs)
+    undefined = len(flat_out) == len(flat_meta) and any(
+        o is None and isinstance(m, torch.Tensor) for o, m in zip(flat_out, flat_meta))
+    if strategy.kind == "out" and undefined:
+        strategy = opinfo.Strategy("compute", why=f"{func} leaves an output undefined on "
+                                   f"{plan.device.type}, which {strategy.op} cannot express")
+    elif strategy.kind == "out" and checked:
+        assert strategy.op is not None
+        failed = validate.out_call_fails(func, strategy.op, strategy.out_names, args, kwargs,
+                                         [s for s in specs if s[0] is not None], plan.device)
+        if failed is not None:
+            strategy = opinfo.Strategy("compute", why=failed)
     if strategy.kind == "copy":
         if first_tensor((args, kwargs)) is None:
             strategy = opinfo.Strategy("compute", why="copy op without a tensor source")
@@ -295,6 +319,14 @@ def _plan_mutation(func: OpOverload, args: tuple, kwargs: dict, key: Any) -> Pla
             f"{func} re-points or resizes a tensor during capture (called at {user_frame()}); "
             f"allocate tensors at their final size before capture"
         )
+    returns = func._schema.returns
+    fresh = sum(1 for ret in returns if ret.alias_info is None)
+    if fresh and fresh == len(returns):
+        # Writes an argument and returns only fresh tensors (rrelu_with_noise writes its noise,
+        # _native_batch_norm_legit its running stats): planned as a functional op. Its replay
+        # call (the .out overload, or the op itself) writes the same arguments again, exactly
+        # as eager does; the fresh results go to pool memory.
+        return _plan_functional(func, args, kwargs, key)
     # Check that the op would not resize its outputs (out= with a wrong shape): replay
     # writes in place, so a resize at capture time cannot be replayed.
     meta = _run_meta(func, args, kwargs, key)
@@ -308,14 +340,15 @@ def _plan_mutation(func: OpOverload, args: tuple, kwargs: dict, key: Any) -> Pla
             )
     # In-place and out= ops return the tensors they mutate, per their schema.
     rets = []
-    for ret in func._schema.returns:
+    for ret in returns:
         alias = ret.alias_info
         where = None if alias is None else _alias_arg_position(func, alias)
         if where is None:
-            # Returns that alias nothing are fresh results of a mutating op (rare).
+            # Some returns alias mutated arguments and some are fresh: no aten op does that
+            # today, and recording it would need both kinds of output in one step.
             raise CaptureError(
-                f"{func} mutates an input and also returns a fresh tensor; the recorder cannot "
-                f"capture that (called at {user_frame()})"
+                f"{func} returns some mutated arguments and some fresh tensors; the recorder "
+                f"cannot capture that mix (called at {user_frame()})"
             )
         rets.append(where)
     plan = Plan(MUTATE)

@@ -98,7 +98,7 @@ def _materialized_steps(steps: list[Step], pool: GraphPool, cache: dict[PoolRef,
         out.append(Step(s.func, s.kind, _materialized(s.args, pool, cache),
                         _materialized(s.kwargs, pool, cache) if s.kwargs else {},
                         tuple([_materialized(o, pool, cache) for o in s.outputs]), s.strategy,
-                        extra, s.positions))
+                        extra, s.positions, s.grad))
     return out
 
 
@@ -151,6 +151,18 @@ def build_replay(steps: list[Step], inputs: list[InputRecord]) -> Callable[[], N
 
 
 def _emit_step(em: _Emitter, step: Step) -> None:
+    if step.grad:
+        # Replay runs under inference mode; this kernel's outputs depend on grad mode, which
+        # was on at capture (mkldnn_rnn_layer's workspace): run it with grad mode on.
+        em.lines.append(f"    with {em.bind(torch.enable_grad)}():")
+        start = len(em.lines)
+        _emit_call(em, step)
+        em.lines[start:] = ["    " + line for line in em.lines[start:]]
+        return
+    _emit_call(em, step)
+
+
+def _emit_call(em: _Emitter, step: Step) -> None:
     kind = step.kind
     if kind == "mutate":
         em.call(step.func._op, step.args, step.kwargs)
@@ -180,7 +192,8 @@ def _emit_step(em: _Emitter, step: Step) -> None:
         em.call(_COPY, (step.outputs[0], step.extra), {})
     elif kind == "compute":
         em.call(step.func._op, step.args, step.kwargs, target="r")
-        if len(step.outputs) == 1 and not isinstance(step.func._schema.returns[0].type, torch.ListType):
+        returns = step.func._schema.returns
+        if len(step.outputs) == 1 and len(returns) == 1 and not isinstance(returns[0].type, torch.ListType):
             em.lines.append(f"    {em.bind(_COPY)}({em.bind(step.outputs[0])}, r)")
         else:
             em.lines.append("    r = [x for x in (r if isinstance(r, (list, tuple)) else (r,)) "

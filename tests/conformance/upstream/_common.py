@@ -23,11 +23,11 @@ def needs(item: int, branch: str, what: str, *, landed: bool = False) -> pytest.
 #: ``accel_graph.make_graphed_callables`` (item 3).
 NEEDS_MGC = needs(3, "wt-mgc", "accel_graph.make_graphed_callables", landed=True)
 #: ``Optimizer.step`` / ``GradScaler`` capture (item 4).
-NEEDS_OPTIM = needs(4, "wt-ops", "optimizer.step and GradScaler capture")
+NEEDS_OPTIM = needs(4, "wt-ops", "optimizer.step and GradScaler capture", landed=True)
 #: ops that mutate an input and return a fresh tensor, such as ``rrelu_with_noise`` (item 5).
-NEEDS_RRELU = needs(5, "wt-ops", "rrelu_with_noise replay")
+NEEDS_RRELU = needs(5, "wt-ops", "rrelu_with_noise replay", landed=True)
 #: ``nn.LSTM`` on the CPU (``mkldnn_rnn_layer``'s meta/CPU mismatch, item 6).
-NEEDS_LSTM = needs(6, "wt-ops", "LSTM replay on the CPU")
+NEEDS_LSTM = needs(6, "wt-ops", "LSTM replay on the CPU", landed=True)
 #: RNG state inside a capture: get/set state, graphsafe state, register_generator_state (item 7).
 NEEDS_RNG_STATE = needs(7, "wt-rng", "RNG state get/set inside a capture", landed=True)
 
