@@ -194,6 +194,10 @@ def test_graphsafe_set_get_rng_state(make_graph, device):
         return old_state.get_offset(), new_state.get_offset()
 
     generator = torch.Generator(device=device)
+    try:
+        generator.graphsafe_get_state()
+    except NotImplementedError as exc:  # the CPU generator: torch refuses in eager too
+        pytest.skip(f"torch's {device.type} generator has no graph-safe state ({exc})")
     generator_state = create_states(generator)
 
     g = make_graph()
