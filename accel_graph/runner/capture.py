@@ -15,6 +15,7 @@ import torch.utils._pytree as pytree
 
 from ..errors import AccelGraphError, CaptureError, ConfigError, OutOfMemoryError
 from ..frontend import Graph, graph
+from .group import CODE_FAILED, CODE_OK, CODE_RAISED, check_same_setup, exchange
 from .runtime import Bucket, RunnerRuntime
 from .support import broadcast_outputs, progress_bar, reason_of
 
@@ -40,6 +41,12 @@ def capture_buckets(rt: RunnerRuntime) -> None:
         raise AccelGraphError("GraphRunner.capture() already ran; build a new runner to recapture")
     if rt.pool is None:
         rt.pool = rt.backend.graph_pool_handle(rt.device_spec)
+    if rt.group is not None:
+        check_same_setup(rt.group, rt.ladder, rt.verify)
+    strict = rt.strict
+    # With a process group a rank must not raise alone (the others would wait in their next
+    # collective): strict raises after the ranks agree, on every rank (_capture_agreed).
+    rt.strict = strict and rt.group is None
     bar = progress_bar(len(rt.buckets), rt.progress)
     gc_was_enabled = gc.isenabled()
     # GC off during capture (vLLM and SGLang freeze it): a collection mid-capture costs time
@@ -51,13 +58,17 @@ def capture_buckets(rt: RunnerRuntime) -> None:
         for bucket in reversed(rt.buckets):  # largest first: smaller ones reuse its memory
             if bar is not None:
                 bar.set_postfix_str(f"bucket {bucket.size}")
-            _capture_one(rt, bucket)
+            if rt.group is None:
+                _capture_one(rt, bucket)
+            else:
+                _capture_agreed(rt, bucket, strict)
             if bar is not None:
                 reserved, _ = rt.pool_bytes()
                 mib = "?" if reserved is None else f"{reserved / 2**20:.1f}"
                 bar.set_postfix_str(f"bucket {bucket.size} | pool {mib} MiB")
                 bar.update(1)
     finally:
+        rt.strict = strict
         if gc_was_enabled:
             gc.enable()
         if bar is not None:
@@ -126,6 +137,40 @@ def _capture_one(rt: RunnerRuntime, bucket: Bucket) -> None:
     bucket.replay = g.replay
     bucket.status = "captured"
     bucket.ready = not rt.verify
+
+
+def _capture_agreed(rt: RunnerRuntime, bucket: Bucket, strict: bool) -> None:
+    """:func:`_capture_one` on one rank of ``rt.group``, then agree with the other ranks: a
+    bucket that any rank cannot serve is disabled on every rank (with ``strict``, every rank
+    raises CaptureError), and when any rank raised, every rank raises."""
+    assert rt.group is not None
+    try:
+        _capture_one(rt, bucket)
+    except Exception:
+        exchange(rt.group, CODE_RAISED)  # tell the others before leaving, so none waits
+        raise
+    codes = exchange(rt.group, CODE_OK if bucket.status == "captured" else CODE_FAILED)
+    raised = [r for r, c in enumerate(codes) if c == CODE_RAISED]
+    if raised:
+        raise AccelGraphError(
+            f"GraphRunner capture stopped on rank {rt.group.rank}: rank(s) {raised} raised while "
+            f"capturing bucket {bucket.size} (their logs have the error); every rank stops, so "
+            f"none waits on the others' collectives"
+        )
+    failed = [r for r, c in enumerate(codes) if c != CODE_OK]
+    if not failed:
+        return
+    if bucket.status == "captured":  # this rank could serve it; another could not
+        g = bucket.graph
+        disable_bucket(rt, bucket, "disabled",
+                       f"disabled on every rank: rank(s) {failed} could not capture it", None)
+        if g is not None:
+            g.reset()  # its pool memory goes back; nothing will replay it
+        bucket.graph = None
+    else:
+        bucket.reason = f"{bucket.reason} (rank(s) {failed}; disabled on every rank)"
+    if strict:
+        raise CaptureError(f"GraphRunner bucket {bucket.size} on rank {rt.group.rank}: {bucket.reason}")
 
 
 def _check_outputs(rt: RunnerRuntime, out: Any, b: int) -> None:

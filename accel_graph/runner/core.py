@@ -26,6 +26,7 @@ from ..errors import AccelGraphError, ConfigError
 from ..frontend import Graph
 from .buckets import default_ladder, validate_ladder
 from .capture import capture_buckets, disable_bucket
+from .group import GroupInfo, agreed_diff
 from .inputs import InputSpec, broadcast, leaf_names
 from .reports import memory_report, stats
 from .runtime import Bucket, RunnerRuntime
@@ -86,6 +87,13 @@ class GraphRunner:
         copy_outputs: return copies instead of views into the graphs' static outputs (which the
             next call of the same bucket overwrites).
         progress: show a progress bar during capture; None: only when stderr is a terminal.
+        process_group: a ``torch.distributed`` process group when ``fn`` is one rank's share of
+            a distributed step (tensor parallelism): every rank of the group builds a runner
+            with the same buckets and ``verify``, captures, and is called with the same batch
+            sizes in the same order. The ranks then agree on every bucket: one that a rank
+            cannot serve (failed capture, over budget, failed verification) is disabled on all
+            ranks, so their collectives keep pairing up (:mod:`accel_graph.runner.group`).
+            None (default): one process, no agreement.
 
     Calls run under ``torch.no_grad()``; ``capture()`` runs ``fn`` eagerly once per bucket
     (warm-up), so state ``fn`` mutates is touched then. Not thread-safe: one caller at a time.
@@ -115,6 +123,7 @@ class GraphRunner:
         memory_budget: int | None = None,
         copy_outputs: bool = False,
         progress: bool | None = None,
+        process_group: Any = None,
     ) -> None:
         if not callable(fn):
             raise ConfigError(f"fn must be callable, got {type(fn).__name__}")
@@ -154,6 +163,7 @@ class GraphRunner:
         # Graphs get the resolved device, never the bare argument: device="cuda" with inputs on
         # cuda:1 must capture on cuda:1, not on whatever device is current.
         backend, routed = select_backend(dev)
+        group = None if process_group is None else GroupInfo.build(process_group, dev)
         self._runtime = RunnerRuntime(
             fn=fn,
             ladder=ladder,
@@ -174,6 +184,7 @@ class GraphRunner:
             memory_budget=memory_budget,
             progress=progress,
             pool=pool,
+            group=group,
         )
 
     @property
@@ -318,6 +329,8 @@ class GraphRunner:
         bucket.replay()
         actual = pytree.tree_unflatten(bucket.out_leaves, rt.out_spec)
         diff = compare(actual, expected)
+        if rt.group is not None:  # every rank keeps the bucket, or none does
+            diff = agreed_diff(rt.group, diff)
         bucket.verified = True
         if diff is not None:
             undo.reapply()  # keep eager's side effects: its result is the one returned

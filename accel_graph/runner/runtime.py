@@ -27,6 +27,7 @@ from .inputs import InputSpec
 if TYPE_CHECKING:
     from ..backends import Backend, DeviceSpec
     from ..frontend import Graph
+    from .group import GroupInfo
 
 __all__ = ["Bucket", "RunnerRuntime"]
 
@@ -56,7 +57,7 @@ class Bucket:
 class RunnerRuntime:
     """The state of one GraphRunner; every field is public and documented.
 
-    Given at construction: ``fn`` .. ``pool`` (``pool`` is filled by capture when None; the
+    Given at construction: ``fn`` .. ``group`` (``pool`` is filled by capture when None; the
     behaviour flags ``verify`` .. ``progress`` may be changed later). Derived at construction:
     ``max_bucket``, ``buckets``, ``n_leaves``, ``lead``, ``lead_dim``, ``batched``, ``hot``.
     Filled by capture: ``captured``, ``route``, ``outs``, ``out_spec``, ``out_dims`` and the
@@ -102,6 +103,8 @@ class RunnerRuntime:
     progress: bool | None
     #: The shared pool handle; the one given, else created by capture.
     pool: object | None = None
+    #: The process group the ranks agree over (``process_group=``), or None in one process.
+    group: GroupInfo | None = None
 
     #: The largest bucket, ``ladder[-1]`` (a field: the hot path reads it every call).
     max_bucket: int = field(init=False)
