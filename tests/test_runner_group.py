@@ -125,3 +125,12 @@ def test_runner_ranks_agree_on_buckets() -> None:
     assert status0[0] == "disabled" and "rank(s) [1]" in status0[1]
     assert r0["verify_second_ok"] and r1["verify_second_ok"]
     assert "replay differed from eager on rank(s) [0]" in r1["verify_reason"]
+
+
+def test_process_group_without_distributed_is_refused() -> None:
+    from accel_graph import GraphRunner
+
+    if dist.is_initialized():
+        pytest.skip("this process already joined a group")
+    with pytest.raises(ConfigError, match="init_process_group"):
+        GraphRunner(lambda x: x + 1, (torch.zeros(1, 2),), buckets=[1], process_group=object())
