@@ -26,6 +26,7 @@ from ..base import (
     PoolStats,
     next_user_pool_id,
 )
+from . import collectives
 from .capture import Capture, InputRecord, Step, active_capture
 from .compiled import compile_program
 from .dump import describe, write_dump
@@ -70,6 +71,8 @@ class RecorderGraphImpl(GraphImpl):
         self._standalone: int | None = 0
         self._events: list[PoolEvent] = []
         self._allocations = 0
+        #: The graph's collectives, checked across ranks at the first replay (None: none).
+        self._signature: collectives.Signature | None = None
         self.num_ops = 0
 
     def pool(self) -> PoolHandle:
@@ -133,6 +136,14 @@ class RecorderGraphImpl(GraphImpl):
                 f"nothing: {cap.invalidated_by.rstrip('.')}. The graph is empty; fix the op and "
                 f"capture again"
             )
+        created = collectives.known_groups() - cap.groups_at_begin
+        if created:
+            raise CaptureError(
+                f"process group(s) {sorted(created)} were created during the capture on "
+                f"{self.device} (new_group inside a capture): group creation talks to the store "
+                f"and the other ranks on the host and cannot be replayed. Create process groups "
+                f"before capture, on every rank"
+            )
         pool = self._pool
         self.num_ops = replayed(cap.steps)
         # Register the graph before the capture ends, so memory freed during the capture but
@@ -149,6 +160,8 @@ class RecorderGraphImpl(GraphImpl):
         self._allocations = sum(1 for e in cap.events if e[0] == "alloc")
         # The program's tensors are created only now: during capture nothing held pool memory.
         self._frozen_steps = cap.steps
+        sig = collectives.signature_of(cap.steps, self.device.torch_device)
+        self._signature = sig if len(sig) else None
         self._steps = materialize(cap.steps, pool)
         self._capture = None
         # Deleting the graph (or reset) tells the pool; memory goes only when nothing uses it.
@@ -173,6 +186,8 @@ class RecorderGraphImpl(GraphImpl):
             self._replay_fn = self._compiled_or_fallback()
         else:
             self._replay_fn = build_replay(self._steps, self._inputs)
+        if self._signature is not None:  # every rank checks the others at the first replay
+            self._replay_fn = collectives.with_first_replay_check(self._replay_fn, self._signature)
 
     def _compiled_or_fallback(self) -> Any:
         """Compiled replay, or the interpreted program with the reason logged."""
@@ -206,6 +221,7 @@ class RecorderGraphImpl(GraphImpl):
             self._replay_fn()
 
     def reset(self) -> None:
+        self._signature = None
         self._steps, self._inputs, self._outputs = [], [], []
         self._frozen_steps = []
         self._compiled = None

@@ -30,8 +30,9 @@ from torch._ops import OpOverload
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ...errors import CaptureError
+from . import collectives as coll
 from . import ops as opinfo
-from .plan import FUNCTIONAL, MUTATE, VIEW, Plan, plan_for
+from .plan import COLLECTIVE, FUNCTIONAL, MUTATE, VIEW, Plan, plan_for, user_frame
 from .pool_protocol import GraphPool, PoolEvent, PoolRef
 from .pytree import first_tensor, tree_flatten, tree_map
 
@@ -163,6 +164,8 @@ class Capture:
         # them; a location is only an address, a shape, strides and a dtype).
         self._locs: dict[int, tuple[Any, ...]] = {}
         self.reserved_before = pool.reserved_bytes()
+        #: Process groups that existed at begin: a collective on a newer one is refused.
+        self.groups_at_begin = coll.known_groups()
         self.mode = _RecordingMode(self)
 
     # -- lifecycle ----------------------------------------------------------------------
@@ -280,6 +283,8 @@ class Capture:
             return self._run_view(func, args, kwargs)
         if kind is MUTATE:
             return self._record_mutation(func, args, kwargs, plan)
+        if kind is COLLECTIVE:
+            return self._record_collective(func, args, kwargs, plan)
         # Metadata-only in-place ops (t_, unsqueeze_, as_strided_) change the tensor object
         # now, exactly as in eager, and touch no data; pure metadata queries (METADATA_OPS;
         # illegal ones are refused when planning): run, record nothing (RUN).
@@ -321,6 +326,20 @@ class Capture:
                 if isinstance(o, _Tensor) and o is not root:
                     self._roots[id(o)] = (weakref.ref(o), root)
         return out
+
+    def _record_collective(self, func: OpOverload, args: tuple, kwargs: dict, plan: Plan) -> Any:
+        """A collective (:mod:`.collectives`): nothing is communicated now. Functional ones get
+        pool outputs; in-place ones are recorded as called and return a completed ``Work``;
+        ``wait_tensor`` returns its argument."""
+        coll.check_call(func, args, kwargs, self.groups_at_begin, user_frame())
+        role = coll.role(func)
+        if role == coll.IDENTITY:
+            return args[0] if args else next(iter(kwargs.values()))
+        if role == coll.ISSUE:
+            return self._record_functional(func, args, kwargs, plan)
+        fargs, fkwargs = self._frozen_args(args, kwargs, True)
+        self.steps.append(Step(func, "collective", fargs, fkwargs, strategy=plan.strategy))
+        return coll.capture_result(func, args, kwargs)
 
     def _record_mutation(self, func: OpOverload, args: tuple, kwargs: dict, plan: Plan) -> Any:
         fargs, fkwargs = self._frozen_args(args, kwargs, True)

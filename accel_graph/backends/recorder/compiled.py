@@ -37,6 +37,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from . import collectives
 from .capture import InputRecord, Step
 from .pool_protocol import GraphPool, PoolRef
 from .pytree import tree_map
@@ -155,6 +156,9 @@ def build_fx(steps: list[Step], outputs: list[PoolRef]) -> tuple[fx.Graph, list[
     for step in steps:
         args = tree_map(arg, step.args)
         kwargs = tree_map(arg, step.kwargs)
+        if step.kind == "collective":
+            _collective_node(graph, step, args, kwargs, by_ref, allocations)
+            continue
         if step.kind == "mutate":
             graph.call_function(step.func, tuple(args), kwargs)
             continue
@@ -191,6 +195,29 @@ def build_fx(steps: list[Step], outputs: list[PoolRef]) -> tuple[fx.Graph, list[
     graph.output(())
     graph.lint()
     return graph, ext_tensors, outputs
+
+
+def _collective_node(graph: fx.Graph, step: Step, args: Any, kwargs: Any,
+                     by_ref: dict[PoolRef, fx.Node], allocations: dict) -> None:
+    """A functional collective as Inductor expects it: the op, then ``wait_tensor`` of each
+    result, which its outputs then are. In-place ones (``dist.all_reduce`` and the c10d ops,
+    whose process group is a script object Inductor does not take) are not compiled."""
+    if collectives.role(step.func) != collectives.ISSUE:
+        raise CompileUnsupported(
+            f"{step.func} is an in-place collective (dist.all_reduce and friends pass the process "
+            f"group as an object Inductor cannot compile); use the functional collectives "
+            f"(torch.distributed._functional_collectives) for compiled replay"
+        )
+    wait = torch.ops._c10d_functional.wait_tensor.default
+    node = graph.call_function(step.func, tuple(args), kwargs)
+    single = isinstance(step.func._schema.returns[0].type, torch.TensorType)
+    for pos, out in zip(step.positions, step.outputs):
+        value = node if single else graph.call_function(operator.getitem, (node, pos))
+        value = graph.call_function(wait, (value,))
+        by_ref[out] = value
+        key = (out.segment, out.byte_offset)
+        allocations.pop(key, None)
+        allocations[key] = (out, value)
 
 
 def _leaf_key(x: Any, keep: list[Any]) -> Any:

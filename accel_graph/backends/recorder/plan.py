@@ -21,6 +21,7 @@ import torch
 from torch._ops import OpOverload
 
 from ...errors import CaptureError
+from . import collectives
 from . import ops as opinfo
 from .pytree import first_tensor, tree_flatten, tree_map
 
@@ -145,7 +146,9 @@ def _run_on(func: OpOverload, args: tuple, kwargs: dict, how: str) -> _MetaResul
 #: metadata queries); ``MUTATE``: in-place / ``out=``, recorded as called; ``VIEW``: run now
 #: (views touch no data), replay refreshes the memory they alias; ``FUNCTIONAL``: outputs from
 #: the pool, replayed by :attr:`Plan.strategy`.
-RUN, MUTATE, VIEW, FUNCTIONAL = "run", "mutate", "view", "functional"
+#: ``COLLECTIVE``: a c10d or functional collective (:mod:`.collectives`); refusals that depend on
+#: the call (the Python caller, the process group) are checked on every call.
+RUN, MUTATE, VIEW, FUNCTIONAL, COLLECTIVE = "run", "mutate", "view", "functional", "collective"
 
 
 class Plan:
@@ -191,6 +194,11 @@ def plan_for(func: OpOverload, args: tuple, kwargs: dict) -> Plan | None:
     except TypeError:  # an unhashable argument: decide afresh, cache nothing
         key, plan = None, None
     if plan is not None:
+        return plan
+    if collectives.is_collective(func):
+        plan = _plan_collective(func, args, kwargs, key)
+        if key is not None:
+            _PLANS[key] = plan
         return plan
     reason = opinfo.illegal_reason(func, args, kwargs)
     if reason is not None:
@@ -252,6 +260,26 @@ def _plan_functional(func: OpOverload, args: tuple, kwargs: dict, key: Any) -> P
     elif strategy.kind == "out":
         plan.prewrap = _number_positions(strategy.op, args)
     plan.strategy = strategy
+    return plan
+
+
+def _plan_collective(func: OpOverload, args: tuple, kwargs: dict, key: Any) -> Plan:
+    """A collective: refused by name, or planned by its role (see :mod:`.collectives`)."""
+    reason = collectives.refusal(func)
+    if reason is not None:
+        raise CaptureError(
+            f"{func} is not allowed during graph capture (called at {user_frame()}): {reason}."
+        )
+    role = collectives.role(func)
+    if role == collectives.ISSUE:
+        plan = _plan_functional(func, args, kwargs, key)  # outputs from the pool, as functional
+        if plan.kind is not FUNCTIONAL:  # pragma: no cover - collectives return new tensors
+            raise CaptureError(f"{func} returned a view of its input; cannot capture it")
+    else:
+        plan = Plan(FUNCTIONAL)
+    plan.kind = COLLECTIVE
+    plan.strategy = opinfo.Strategy("collective", op=func, why=f"collective ({role}): issued and "
+                                    "waited for at replay, in capture order")
     return plan
 
 

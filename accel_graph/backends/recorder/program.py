@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from ...errors import ReplayError
+from . import collectives
 from .capture import InputRecord, Step
 from .pool_protocol import GraphPool, PoolRef
 
@@ -41,6 +42,8 @@ class _Emitter:
         self.ns: dict[str, Any] = {}
         self.lines: list[str] = []
         self._n = 0
+        #: Collectives emitted so far (their index in error messages).
+        self.collectives = 0
 
     def bind(self, obj: Any) -> str:
         name = f"v{self._n}"
@@ -165,6 +168,11 @@ def _emit_step(em: _Emitter, step: Step) -> None:
             em.ns["_Tensor"] = torch.Tensor
             for i, out in enumerate(step.outputs):
                 em.lines.append(f"    {em.bind(_COPY)}({em.bind(out)}, r[{i}])")
+    elif kind == "collective":
+        fn = collectives.replay_fn(step.func, step.args, step.kwargs, step.outputs, em.collectives,
+                                   collectives.describe(step.func, step.args, step.kwargs))
+        em.collectives += 1
+        em.call(fn, (), {})
     elif kind in ("none", "view"):
         return  # nothing runs: contents undefined (empty), or an alias made at capture (view)
     else:  # pragma: no cover - a kind added to ops.Strategy must be handled here

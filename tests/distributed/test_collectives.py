@@ -1,0 +1,292 @@
+"""Collectives inside recorder captures, on two real gloo processes over 127.0.0.1.
+
+Each test spawns one pair of processes (accel_graph.testing.distributed.run_ranks) and runs
+many checks in it, since spawning (a torch import per process) dominates the cost. Every rank
+compares each replay with the eager collective on the same data; the checks return what they
+found and the parent asserts on every rank's report.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import accel_graph
+from accel_graph.errors import CaptureError, ReplayError
+from accel_graph.testing.distributed import run_ranks
+
+pytestmark = pytest.mark.skipif(
+    not dist.is_available() or not dist.is_gloo_available(),
+    reason="torch.distributed with gloo is not available in this build",
+)
+
+
+def _fc():
+    import torch.distributed._functional_collectives as fc
+
+    return fc
+
+
+# -- the programs under test: f(x) with one collective each; eager and captured runs compare -----
+def _functional_cases() -> dict:
+    fc = _fc()
+    w = dist.group.WORLD
+    n = dist.get_world_size()
+    return {
+        "fc.all_reduce": lambda x: fc.all_reduce(x * 2, "sum", w) + 1,
+        "fc.all_reduce_max": lambda x: fc.all_reduce(x, "max", w),
+        "fc.all_gather_tensor": lambda x: fc.all_gather_tensor(x, 0, w) - 1,
+        "fc.reduce_scatter_tensor": lambda x: fc.reduce_scatter_tensor(x, "sum", 0, w),
+        "fc.broadcast": lambda x: fc.broadcast(x + 1, 1, w),
+        "fc.all_to_all_single": lambda x: fc.all_to_all_single(x, [x.shape[0] // n] * n,
+                                                               [x.shape[0] // n] * n, w),
+        "fc.all_reduce_coalesced": lambda x: torch.cat(fc.all_reduce_coalesced([x, x * 3], "sum", w)),
+        "fc.all_gather_into_tensor_coalesced": lambda x: torch.cat(
+            fc.all_gather_into_tensor_coalesced([x, x + 1], w)),
+        "fc.reduce_scatter_tensor_coalesced": lambda x: torch.cat(
+            fc.reduce_scatter_tensor_coalesced([x, x * 2], "sum", [0, 0], w)),
+        "fc.wait_tensor": lambda x: fc.wait_tensor(fc.all_reduce(x, "sum", w)) * x,
+    }
+
+
+def _inplace_cases() -> dict:
+    n = dist.get_world_size()
+
+    def all_reduce(x):
+        y = x * 2
+        dist.all_reduce(y)
+        return y
+
+    def all_reduce_async(x):
+        y = x + 1
+        work = dist.all_reduce(y, op=dist.ReduceOp.MAX, async_op=True)
+        z = x * 3
+        work.wait()
+        return y + z
+
+    def all_gather(x):
+        out = torch.empty(n * x.shape[0], dtype=x.dtype)
+        dist.all_gather_into_tensor(out, x)
+        return out
+
+    def reduce_scatter(x):
+        out = torch.empty(x.shape[0] // n, dtype=x.dtype)
+        work = dist.reduce_scatter_tensor(out, x, async_op=True)
+        work.wait()
+        return out
+
+    def broadcast(x):
+        y = x.clone()
+        dist.broadcast(y, src=1)
+        return y
+
+    def all_to_all(x):
+        out = torch.empty_like(x)
+        dist.all_to_all_single(out, x)
+        return out
+
+    def into_input(x):
+        dist.all_reduce(x)  # an in-place collective on a tensor captured by reference
+        return x * 1
+
+    return {"dist.all_reduce": all_reduce, "dist.all_reduce async_op": all_reduce_async,
+            "dist.all_gather_into_tensor": all_gather,
+            "dist.reduce_scatter_tensor async_op": reduce_scatter,
+            "dist.broadcast": broadcast, "dist.all_to_all_single": all_to_all,
+            "dist.all_reduce on an input": into_input}
+
+
+def _data(rank: int, i: int) -> torch.Tensor:
+    return torch.arange(8, dtype=torch.float32) * (rank + 1) + 10 * i
+
+
+def _check_cases(rank: int, cases: dict, compile: str | None = None) -> list[str]:
+    """Capture each case once, replay it three times with new inputs, compare with eager."""
+    warnings.simplefilter("ignore", FutureWarning)  # torch's renames of the *_into_tensor APIs
+    problems = []
+    for name, fn in cases.items():
+        x = _data(rank, 0)
+        g = accel_graph.Graph(compile=compile)
+        with accel_graph.graph(g):
+            out = fn(x)
+        for i in range(1, 4):
+            x.copy_(_data(rank, i))
+            expect = fn(x.clone())  # eager, on a copy: in-place collectives must not touch x
+            g.replay()
+            if not torch.equal(out, expect):
+                problems.append(f"rank {rank} {name} replay {i}: {out.tolist()} != {expect.tolist()}")
+    return problems
+
+
+# -- jobs (module level: pickled by name into the spawned processes) ----------------------------
+def _job_capture_replay(rank: int, world: int) -> dict:
+    """Every collective captured and replayed against eager; a whole captured step too."""
+    problems = _check_cases(rank, _functional_cases()) + _check_cases(rank, _inplace_cases())
+
+    # Several collectives and compute in one graph, with the outputs reused across replays.
+    fc = _fc()
+    w = torch.randn(8, 8, generator=torch.Generator().manual_seed(rank))
+    x = _data(rank, 0)
+
+    def step(x):
+        h = fc.all_reduce(x @ w, "sum", dist.group.WORLD)
+        y = torch.relu(h)
+        dist.all_reduce(y, async_op=True).wait()
+        return torch.softmax(y, 0)
+
+    g = accel_graph.Graph()
+    with accel_graph.graph(g):
+        out = step(x)
+    for i in range(3):
+        x.copy_(_data(rank, i + 5))
+        g.replay()
+        expect = step(x)
+        if not torch.equal(out, expect):
+            problems.append(f"rank {rank} step replay {i}: differs from eager")
+    return {"problems": problems, "num_ops": g.num_ops if hasattr(g, "num_ops") else None}
+
+
+def _refusal(fn) -> str:
+    g = accel_graph.Graph()
+    try:
+        with accel_graph.graph(g):
+            fn()
+    except CaptureError as exc:
+        return str(exc)
+    return "NOT REFUSED"
+
+
+def _job_refused(rank: int, world: int) -> dict:
+    """Ops that cannot be replayed are refused with CaptureError naming them; the graph and the
+    process group stay usable afterwards."""
+    x = torch.ones(4)
+    out = {
+        "all_gather_object": _refusal(lambda: dist.all_gather_object([None] * world, {"r": rank})),
+        "broadcast_object_list": _refusal(lambda: dist.broadcast_object_list([rank], src=0)),
+        "barrier": _refusal(lambda: dist.barrier()),
+        "send/recv": _refusal(lambda: dist.send(x, 1) if rank == 0 else dist.recv(x, 0)),
+        "new_group": _refusal(lambda: dist.new_group([0, 1])),
+    }
+    # The group still works after the refusals (nothing was issued on it).
+    y = torch.full((2,), float(rank))
+    dist.all_reduce(y)
+    out["after"] = y.tolist()
+    return out
+
+
+def _job_mismatch(rank: int, world: int) -> dict:
+    """A rank that captured a different program is named at the first replay, on every rank,
+    without a hang; a rank that never replays makes the check fail within the group's timeout;
+    a collective timeout at replay names the rank and the op."""
+    fc = _fc()
+    found = {}
+    # 1. Different shapes on rank 1.
+    x = torch.ones(4 if rank == 0 else 6)
+    g = accel_graph.Graph()
+    with accel_graph.graph(g):
+        fc.all_reduce(x, "sum", dist.group.WORLD)
+    try:
+        g.replay()
+        found["shape"] = "NO ERROR"
+    except ReplayError as exc:
+        found["shape"] = str(exc)
+    # 2. A different op on rank 1.
+    y = torch.ones(4)
+    g2 = accel_graph.Graph()
+    with accel_graph.graph(g2):
+        if rank == 0:
+            dist.all_reduce(y)
+        else:
+            dist.broadcast(y, src=0)
+    try:
+        g2.replay()
+        found["op"] = "NO ERROR"
+    except ReplayError as exc:
+        found["op"] = str(exc)
+    # 3. The same programs everywhere: the check passes, replay works.
+    g3 = accel_graph.Graph()
+    with accel_graph.graph(g3):
+        z = fc.all_reduce(y * 0 + rank, "sum", dist.group.WORLD)
+    g3.replay()
+    found["ok"] = z.tolist()
+    # 4. A group with a short timeout, on which rank 1 never replays: rank 0's first-replay
+    #    check fails within the timeout; then rank 0 replays twice, rank 1 once: the second
+    #    replay's collective times out, naming rank 0 and the op.
+    short = dist.new_group([0, 1], timeout=timedelta(seconds=2))
+    g4 = accel_graph.Graph()
+    with accel_graph.graph(g4):
+        fc.all_reduce(y, "sum", short)
+    t0 = time.monotonic()
+    if rank == 0:
+        try:
+            g4.replay()
+            found["absent"] = "NO ERROR"
+        except ReplayError as exc:
+            found["absent"] = str(exc)
+    found["absent_s"] = time.monotonic() - t0
+    dist.barrier()  # on the default group, which still works
+    short2 = dist.new_group([0, 1], timeout=timedelta(seconds=2))
+    g5 = accel_graph.Graph()
+    with accel_graph.graph(g5):
+        fc.all_reduce(y, "sum", short2)
+    g5.replay()  # both ranks: the check and one collective
+    if rank == 0:
+        try:
+            g5.replay()
+            found["timeout"] = "NO ERROR"
+        except ReplayError as exc:
+            found["timeout"] = str(exc)
+    dist.barrier()
+    return found
+
+
+# -- tests -----------------------------------------------------------------------------------------
+def test_collectives_capture_and_replay_equal_eager():
+    results = run_ranks(_job_capture_replay, 2, timeout=180, pg_timeout=30)
+    problems = [p for r in results for p in r["problems"]]
+    assert problems == []
+
+
+def test_unreplayable_distributed_calls_are_refused_by_name():
+    results = run_ranks(_job_refused, 2, timeout=180, pg_timeout=30)
+    for rank, out in enumerate(results):
+        assert "all_gather_object" in out["all_gather_object"], out
+        assert "broadcast_object_list" in out["broadcast_object_list"], out
+        assert "barrier" in out["barrier"], out
+        assert ("send" if rank == 0 else "recv") in out["send/recv"], out
+        assert "new_group" in out["new_group"] or "created during the capture" in out["new_group"], out
+        assert out["after"] == [1.0, 1.0]
+
+
+def test_rank_mismatch_and_timeouts_fail_loudly_naming_rank_and_op():
+    results = run_ranks(_job_mismatch, 2, timeout=180, pg_timeout=30)
+    for out in results:
+        assert "rank 1 records collective #0 as _c10d_functional::all_reduce(input=float32[6]" in out["shape"]
+        assert "rank 0 records _c10d_functional::all_reduce(input=float32[4]" in out["shape"]
+        assert "c10d::broadcast_" in out["op"] and "c10d::allreduce_" in out["op"], out["op"]
+        assert out["ok"] == [1.0] * 4
+    r0 = results[0]
+    assert r0["absent"].startswith("rank 0:"), r0["absent"]
+    assert "first replay's check" in r0["absent"]
+    assert r0["timeout"].startswith("rank 0: collective #0"), r0["timeout"]
+    assert "_c10d_functional::all_reduce" in r0["timeout"]
+
+
+def test_run_ranks_reports_each_failing_rank():
+    from accel_graph.testing.distributed import RankFailure
+
+    with pytest.raises(RankFailure, match="rank 1") as info:
+        run_ranks(_job_fails_on_rank1, 2, timeout=60, pg_timeout=10)
+    assert list(info.value.failures) == [1]
+    assert "boom on rank 1" in info.value.failures[1]
+
+
+def _job_fails_on_rank1(rank: int, world: int) -> int:
+    if rank == 1:
+        raise ValueError("boom on rank 1")
+    return rank
