@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import torch
 
-from accel_graph.bench.local_group import run_local_group
 from accel_graph.errors import CaptureError, ConfigError
+from accel_graph.testing.distributed import run_ranks
 
 dist = pytest.importorskip("torch.distributed")
 if not dist.is_available() or not dist.is_gloo_available():
@@ -105,7 +105,7 @@ def _checks(rank: int, world: int) -> dict[str, Any]:
 
 
 def test_runner_ranks_agree_on_buckets() -> None:
-    r0, r1 = run_local_group(_checks, 2, timeout_s=150, pg_timeout_s=20)
+    r0, r1 = run_ranks(_checks, 2, timeout=150, pg_timeout=20)
     for r in (r0, r1):
         # (1) bucket 2 failed on rank 1 only; both serve 1 and 4 from graphs, 2 eagerly.
         assert r["capture_buckets"] == [1, 4], r

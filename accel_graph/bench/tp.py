@@ -1,7 +1,8 @@
 """The tensor-parallel decoder on local CPU processes: correctness and step times.
 
 Behind ``accel-graph demo --tp N`` and ``tools/bench_tp.py``. :func:`run_tp` spawns ``world``
-processes joined in a gloo group over loopback (:mod:`.local_group`); each rank builds the
+processes joined in a gloo group over loopback
+(:func:`accel_graph.testing.distributed.run_ranks`); each rank builds the
 bundled :class:`~accel_graph.models.Decoder` from the same seed, shards it
 (:class:`~accel_graph.models.TPDecoder`), and serves its decode step from a
 :class:`~accel_graph.GraphRunner` with ``process_group=`` (one graph per bucket, captured on
@@ -33,7 +34,7 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError
-from .local_group import run_local_group
+from ..testing.distributed import run_ranks
 from .timing import hardware_info, interleaved_samples, summarize_ns
 from .tokens import compare_greedy
 
@@ -237,7 +238,7 @@ def run_tp(s: TPSettings) -> dict[str, Any]:
     t_start = time.perf_counter()
     single = _single_reference(s)
     t0 = time.perf_counter()
-    ranks = run_local_group(tp_rank, s.world, s, timeout_s=s.timeout_s, pg_timeout_s=s.pg_timeout_s)
+    ranks = run_ranks(tp_rank, s.world, args=(s,), timeout=s.timeout_s, pg_timeout=s.pg_timeout_s)
     group_s = time.perf_counter() - t0
     # Every rank must agree (replicated logits); rank 0's numbers are the report's.
     ok = all(not r["tokens"][k]["mismatches"] and r["logits"][k]["close"]
