@@ -96,18 +96,31 @@ def _tp_checks(rank: int, world: int, collective: str) -> dict[str, Any]:
     assert_close_for_dtype(replayed, want, msg=f"rank {rank} replayed TP logits")
     out["eager_calls"] = runner.stats()["eager_calls"]
     out["logits"] = replayed.sum().item()
+
+    # The functional all-reduce (the one that once replayed unreduced), batch 1 only.
+    fn_tp = TPDecoder(base, collective="functional")
+    fn_runner = GraphRunner(fn_tp.decode_step, example, buckets=[1],
+                            process_group=dist.group.WORLD, progress=False)
+    with torch.inference_mode():
+        fn_runner.capture()
+    one = prompt[:1]
+    out["functional_captured"] = fn_runner.captured_buckets
+    out["functional_tokens_equal"] = torch.equal(
+        greedy_generate(fn_tp, one, 6, step=fn_runner), greedy_generate(base, one, 6))
+    out["functional_eager_calls"] = fn_runner.stats()["eager_calls"]
     return out
 
 
-@pytest.mark.parametrize("collective", ["c10d"])
-def test_tp_decoder_equals_single_process_eager_and_replayed(collective: str) -> None:
+def test_tp_decoder_equals_single_process_eager_and_replayed() -> None:
     dist = pytest.importorskip("torch.distributed")
     if not dist.is_available() or not dist.is_gloo_available():
         pytest.skip("torch.distributed with gloo is not available")
-    r0, r1 = run_ranks(_tp_checks, 2, args=(collective,), timeout=150, pg_timeout=20)
+    r0, r1 = run_ranks(_tp_checks, 2, args=("c10d",), timeout=150, pg_timeout=20)
     for r in (r0, r1):
         assert r["eager_tokens_equal"], r
         assert r["captured"] == [1, 4], r["reasons"]
         assert r["replay_tokens_equal"], r
         assert r["eager_calls"] == 0, r  # every call was served by a graph
+        assert r["functional_captured"] == [1] and r["functional_eager_calls"] == 0, r
+        assert r["functional_tokens_equal"], r
     assert r0["logits"] == r1["logits"]  # replicated: the ranks hold the same logits

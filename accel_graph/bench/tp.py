@@ -14,9 +14,10 @@ every rank). Each rank then
    compares one step's logits (eager TP and replay TP against single-process) to the float32
    tolerance;
 2. times the batch-1 step, interleaved (same seeded order on every rank, so the collectives
-   pair up), medians: eager TP under ``inference_mode`` (the baseline), the runner's replay, and
-   the step's collectives alone (``2 * n_layers`` all-reduces of ``[1, dim]`` float32), which
-   bounds what replay can save;
+   pair up), medians: eager TP under ``inference_mode`` (the baseline), the runner's replay, the
+   step's collectives alone (``2 * n_layers`` all-reduces of ``[1, dim]`` float32), which bounds
+   what replay can save, and this rank's compute alone (the shard with its all-reduces replaced
+   by the identity), eager and replayed;
 3. times batch-1 greedy generation eager TP vs replay TP (median of interleaved generations).
 
 Before spawning, the parent times the single-process model the same way (eager vs its own
@@ -107,6 +108,11 @@ def _generation(variants: dict[str, Any], s: TPSettings) -> dict[str, float] | N
     return {k: s.new_tokens / (sorted(v)[len(v) // 2] / 1e9) for k, v in t.items()}
 
 
+def _no_reduce(x: torch.Tensor) -> torch.Tensor:
+    """Stands in for a TP layer's all-reduce when only the compute is timed."""
+    return x
+
+
 def tp_rank(rank: int, world: int, s: TPSettings) -> dict[str, Any]:
     """One rank of :func:`run_tp` (runs inside a process of the group); returns its results."""
     import logging
@@ -179,9 +185,21 @@ def tp_rank(rank: int, world: int, s: TPSettings) -> dict[str, Any]:
             for t in partials:
                 dist.all_reduce(t)
 
+        # This rank's share of the step without its all-reduces (a copy of the shard whose
+        # reduce is the identity: wrong logits, right compute), eager and replayed, to split the
+        # step into compute and communication. Timing only; never compared.
+        local = TPDecoder(base, rank=rank, world_size=world)
+        for layer in local.layers:
+            layer.reduce = _no_reduce
+        local_runner = GraphRunner(local.decode_step, example, buckets=[1], compile=s.compile,
+                                   verify=False, progress=False)
+        with torch.inference_mode():
+            local_runner.capture()
         variants = {"eager_tp": lambda: tp.decode_step(tok1, pos1),
                     "replay_tp": lambda: runner(tok1, pos1),
-                    "allreduce_only": collectives_only}
+                    "allreduce_only": collectives_only,
+                    "eager_compute_only": lambda: local.decode_step(tok1, pos1),
+                    "replay_compute_only": lambda: local_runner(tok1, pos1)}
         rounds = max(1, -(-s.iters // s.calls_per_round))
         with torch.inference_mode():
             samples = interleaved_samples(variants, rounds=rounds, calls_per_round=s.calls_per_round,

@@ -80,7 +80,8 @@ def format_tp_report(report: dict[str, Any]) -> str:
         lines.append(
             f"batch-1 step, median us: eager TP {step['eager_tp']:.0f} | replay TP "
             f"{step['replay_tp']:.0f} ({report['replay_over_eager']:.2f}x eager) | the step's "
-            f"all-reduces alone {step['allreduce_only']:.0f}")
+            f"all-reduces alone {step['allreduce_only']:.0f} | one rank's compute alone "
+            f"{step['eager_compute_only']:.0f} eager, {step['replay_compute_only']:.0f} replay")
         ss = single.get("step_us")
         if ss:
             lines.append(f"  single process for reference: eager {ss['eager']:.0f} | replay "

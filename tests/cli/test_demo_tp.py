@@ -34,7 +34,8 @@ def test_demo_tp_runs_and_checks_tokens(tmp_path: Path, capsys: pytest.CaptureFi
             assert r["tokens"][name]["compared"] == (1 + 2) * 3
             assert r["tokens"][name]["mismatches"] == []
             assert r["logits"][name]["close"]
-    assert set(report["step_us"]) == {"eager_tp", "replay_tp", "allreduce_only"}
+    assert set(report["step_us"]) == {"eager_tp", "replay_tp", "allreduce_only",
+                                      "eager_compute_only", "replay_compute_only"}
     assert report["single_process"]["step_us"]["eager"] > 0
 
 
