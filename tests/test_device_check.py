@@ -128,3 +128,23 @@ def test_script_is_ruff_clean() -> None:
         pytest.skip("ruff is not installed next to this interpreter")
     proc = subprocess.run([str(ruff), "check", str(SCRIPT)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout
+
+
+def test_multi_gpu_row_needs_two_cuda_or_rocm_gpus(tmp_path: Path) -> None:
+    """The multi-GPU collectives row runs only with >= 2 CUDA/ROCm GPUs; elsewhere it is skipped
+    with the reason (what runs on the GPUs is unverified here)."""
+    tool = load_tool()
+    assert "multi_gpu_collectives" in tool.ROWS and "multi_gpu_collectives" in tool.CHILDREN
+    reason = tool.skip_reason
+    assert reason("multi_gpu_collectives", {"native_backend": None}) == "skipped: no GPU"
+    assert reason("multi_gpu_collectives", {"native_backend": "cuda", "gpu_count": 1}) == (
+        "skipped: needs at least 2 GPUs, found 1")
+    assert "NCCL" in reason("multi_gpu_collectives", {"native_backend": "xpu", "gpu_count": 4})
+    assert reason("multi_gpu_collectives", {"native_backend": "hip", "gpu_count": 2}) is None
+    assert reason("conformance", {"native_backend": "cuda", "gpu_count": 1}) is None
+    if torch.cuda.is_available():
+        return
+    # The child itself, run here: no NCCL in a CPU build (or no second GPU): a clear row, no crash.
+    res = tool._run_child("multi_gpu_collectives", tmp_path, 120)
+    assert res["status"] in ("error", "skipped"), res
+    assert "NCCL" in res["summary"] or "2 GPUs" in res["summary"], res

@@ -24,6 +24,12 @@ or a hang in one row cannot stop the others; the exception or the output tail is
     allocate through it, our statistics work where torch's raise, a capture through
     ``accel_graph.Graph`` is refused; and, in a second process, a swap after CUDA initialised is
     refused with our error.
+``multi_gpu_collectives``
+    runs only with more than one CUDA or ROCm GPU: two processes joined by NCCL (RCCL on ROCm)
+    through ``accel_graph.testing.distributed.run_ranks``, one GPU each; ``dist.all_reduce`` and a
+    functional ``all_reduce`` are warmed up on a side stream, captured in an
+    ``accel_graph.Graph`` (a native CUDA/HIP graph), replayed three times with new inputs and
+    compared with the eager collective (bitwise). With one GPU it is ``skipped`` with the count.
 ``simulator_trace``
     a small workload recorded twice with torch's own recorder (``_record_memory_history`` +
     ``_snapshot()``), from an emptied cache, under native and then expandable segments; both
@@ -64,7 +70,8 @@ REPO = Path(__file__).resolve().parents[1]
 SCHEMA = "accel-graph.device-check"
 SCHEMA_VERSION = 1
 RESULT_PREFIX = "DEVICE_CHECK_RESULT "
-ROWS = ("conformance", "replay_overhead", "plugin_mempool", "plugin_process_swap", "simulator_trace")
+ROWS = ("conformance", "replay_overhead", "plugin_mempool", "plugin_process_swap", "simulator_trace",
+        "multi_gpu_collectives")
 #: Wall-clock limit of each row's subprocess, seconds (the whole script stays under 5 minutes).
 TIMEOUTS = {
     "conformance": 170,
@@ -72,6 +79,7 @@ TIMEOUTS = {
     "plugin_mempool": 30,
     "plugin_process_swap": 40,
     "simulator_trace": 30,
+    "multi_gpu_collectives": 90,
 }
 RATIO_TARGET = 1.05
 OVERHEAD_TARGET_US = 2.0
@@ -251,7 +259,6 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown row(s) {', '.join(unknown)}; choose from {', '.join(ROWS)}")
 
     env = environment()
-    backend = env["native_backend"]
     print(f"device_check: {env['gpu'] or 'no GPU'}; torch {env['torch']}; driver {env['driver']}", flush=True)
 
     def skip(why: str) -> Callable[[], dict[str, Any]]:
@@ -259,10 +266,9 @@ def main(argv: list[str] | None = None) -> int:
 
     runners: dict[str, Callable[[], dict[str, Any]]] = {}
     for name in ROWS:
-        if backend is None:
-            runners[name] = skip("skipped: no GPU")
-        elif backend == "xpu" and name != "conformance":
-            runners[name] = skip("skipped: needs a CUDA or ROCm GPU (XPU has no CUDAPluggableAllocator)")
+        why = skip_reason(name, env)
+        if why is not None:
+            runners[name] = skip(why)
         elif name == "conformance":
             runners[name] = lambda: _conformance(env, out)
         elif name == "plugin_process_swap":
@@ -282,6 +288,20 @@ def main(argv: list[str] | None = None) -> int:
     (out / "device_check.json").write_text(json.dumps(report, indent=2) + "\n")
     (out / "device_check.md").write_text(table + "\n")
     return 0 if report["ok"] else 1
+
+
+def skip_reason(row: str, env: dict[str, Any]) -> str | None:
+    """Why ``row`` cannot run on the machine ``env`` describes (:func:`environment`), or None."""
+    backend = env.get("native_backend")
+    if backend is None:
+        return "skipped: no GPU"
+    if backend == "xpu" and row == "multi_gpu_collectives":
+        return "skipped: needs CUDA or ROCm GPUs (the row drives NCCL/RCCL)"
+    if backend == "xpu" and row != "conformance":
+        return "skipped: needs a CUDA or ROCm GPU (XPU has no CUDAPluggableAllocator)"
+    if row == "multi_gpu_collectives" and int(env.get("gpu_count") or 0) < 2:
+        return f"skipped: needs at least 2 GPUs, found {int(env.get('gpu_count') or 0)}"
+    return None
 
 
 def report_markdown(report: dict[str, Any]) -> str:
@@ -620,12 +640,74 @@ def compare_recordings(native: Path, expandable: Path) -> dict[str, Any]:
                 peak_error_expandable=err, snapshots=[str(native), str(expandable)])
 
 
+def _nccl_rank(rank: int, world: int) -> dict[str, Any]:
+    """One rank of ``multi_gpu_collectives`` (spawned by run_ranks, NCCL group already joined)."""
+    import torch
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as fc
+
+    import accel_graph
+
+    torch.cuda.set_device(rank)
+    dev = torch.device("cuda", rank)
+    x = torch.arange(1 << 16, device=dev, dtype=torch.float32) * (rank + 1)
+
+    def inplace(x: Any) -> Any:
+        y = x * 2
+        dist.all_reduce(y)
+        return y + 1
+
+    def functional(x: Any) -> Any:
+        return fc.all_reduce(x * 3, "sum", dist.group.WORLD) - 1
+
+    result: dict[str, Any] = {"rank": rank, "nccl": ".".join(map(str, torch.cuda.nccl.version()))}
+    for name, fn in (("dist.all_reduce", inplace), ("functional all_reduce", functional)):
+        # Warm up on a side stream: NCCL creates its communicator and connections (which
+        # allocate and synchronise) on the first collective, which must not be captured.
+        _side_stream_warmup(torch, lambda fn=fn: fn(x))
+        g = accel_graph.Graph()
+        with accel_graph.graph(g):
+            out = fn(x)
+        equal = []
+        for i in range(3):
+            x.copy_(torch.arange(1 << 16, device=dev, dtype=torch.float32) * (rank + 1) + i)
+            g.replay()
+            torch.cuda.synchronize()
+            expect = fn(x)
+            torch.cuda.synchronize()
+            equal.append(bool(torch.equal(out, expect)))
+        result[name] = equal
+        result["backend"] = g.backend.name
+    return result
+
+
+def child_multi_gpu_collectives(out: Path, iters: int) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+
+    from accel_graph.testing.distributed import run_ranks
+
+    if not dist.is_available() or not dist.is_nccl_available():
+        return _row("error", "this torch build has no NCCL/RCCL (torch.distributed.is_nccl_available() "
+                    "is False)")
+    if torch.cuda.device_count() < 2:
+        return _row("skipped", f"skipped: needs at least 2 GPUs, found {torch.cuda.device_count()}")
+    ranks = run_ranks(_nccl_rank, 2, backend="nccl", timeout=TIMEOUTS["multi_gpu_collectives"] - 10,
+                      pg_timeout=30)
+    ok = all(all(r["dist.all_reduce"]) and all(r["functional all_reduce"]) for r in ranks)
+    summary = (f"2 ranks ({ranks[0]['backend']}, NCCL {ranks[0]['nccl']}): dist.all_reduce and "
+               f"functional all_reduce captured, 3 replays each "
+               f"{'equal to eager' if ok else 'DIFFER from eager'}")
+    return _row("pass" if ok else "fail", summary, ranks=ranks)
+
+
 CHILDREN: dict[str, Callable[[Path, int], dict[str, Any]]] = {
     "replay_overhead": child_replay_overhead,
     "plugin_mempool": child_plugin_mempool,
     "plugin_process_swap": child_plugin_process_swap,
     "plugin_swap_after_init": child_plugin_swap_after_init,
     "simulator_trace": child_simulator_trace,
+    "multi_gpu_collectives": child_multi_gpu_collectives,
 }
 
 

@@ -26,9 +26,9 @@ from ..base import (
     PoolStats,
     next_user_pool_id,
 )
-from . import collectives
+from . import collective_check, collectives
 from .capture import Capture, InputRecord, Step, active_capture
-from .compiled import compile_program
+from .compiled import CompileUnsupported, compile_program
 from .dump import describe, write_dump
 from .pool import make_pool
 from .pool_protocol import GraphPool, PoolEvent, PoolRef
@@ -72,7 +72,7 @@ class RecorderGraphImpl(GraphImpl):
         self._events: list[PoolEvent] = []
         self._allocations = 0
         #: The graph's collectives, checked across ranks at the first replay (None: none).
-        self._signature: collectives.Signature | None = None
+        self._signature: collective_check.Signature | None = None
         self.num_ops = 0
 
     def pool(self) -> PoolHandle:
@@ -160,7 +160,7 @@ class RecorderGraphImpl(GraphImpl):
         self._allocations = sum(1 for e in cap.events if e[0] == "alloc")
         # The program's tensors are created only now: during capture nothing held pool memory.
         self._frozen_steps = cap.steps
-        sig = collectives.signature_of(cap.steps, self.device.torch_device)
+        sig = collective_check.signature_of(cap.steps, self.device.torch_device)
         self._signature = sig if len(sig) else None
         self._steps = materialize(cap.steps, pool)
         self._capture = None
@@ -187,7 +187,7 @@ class RecorderGraphImpl(GraphImpl):
         else:
             self._replay_fn = build_replay(self._steps, self._inputs)
         if self._signature is not None:  # every rank checks the others at the first replay
-            self._replay_fn = collectives.with_first_replay_check(self._replay_fn, self._signature)
+            self._replay_fn = collective_check.with_first_replay_check(self._replay_fn, self._signature)
 
     def _compiled_or_fallback(self) -> Any:
         """Compiled replay, or the interpreted program with the reason logged."""
@@ -196,8 +196,10 @@ class RecorderGraphImpl(GraphImpl):
             run, info = compile_program(self._frozen_steps, self._inputs, self._outputs, self._pool)
         except Exception as exc:  # any compiler failure: replay still works, interpreted
             reason = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+            hint = "" if isinstance(exc, CompileUnsupported) else (
+                " Inductor needs a working C++ compiler on the CPU.")
             log.warning("compile='inductor' failed for a graph on %s (%s); using interpreted "
-                        "replay. Inductor needs a working C++ compiler on the CPU.", self.device, reason)
+                        "replay.%s", self.device, reason, hint)
             self._compiled = {"backend": "inductor", "fallback": reason}
             return build_replay(self._steps, self._inputs)
         self._compiled = info

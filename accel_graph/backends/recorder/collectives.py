@@ -21,7 +21,7 @@ complete when ``replay()`` returns.
 
 Every rank must capture the same collectives in the same order and replay the same graphs in
 the same order (the rule NCCL imposes on CUDA graphs). The first replay of a graph checks that
-cheaply (:func:`first_replay_check`): one ``all_gather`` per process group of a hash of the
+cheaply (:func:`.collective_check.first_replay_check`): one ``all_gather`` per process group of a hash of the
 graph's collective sequence on that group; a mismatch raises
 :class:`~accel_graph.errors.ReplayError` on every rank naming the rank and the op, instead of a
 hang or a silent wrong result.
@@ -30,16 +30,14 @@ hang or a silent wrong result.
 from __future__ import annotations
 
 import functools
-import hashlib
 import os
 import sys
-from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch._ops import OpOverload
 
-from ...errors import CaptureError, ReplayError
+from ...errors import CaptureError
 from .pool_protocol import PoolRef
 
 #: Namespaces of the collective ops.
@@ -220,7 +218,7 @@ def capture_result(func: OpOverload, args: tuple, kwargs: dict) -> Any:
     return rets[0] if len(rets) == 1 else tuple(rets)
 
 
-# -- what a collective is, for the first-replay check -----------------------------------------
+# -- what a collective is (the first-replay check compares these) ------------------------------
 def _meta(x: Any) -> Any:
     if isinstance(x, PoolRef):
         return f"{str(x.dtype).removeprefix('torch.')}{list(x.shape)}"
@@ -228,9 +226,22 @@ def _meta(x: Any) -> Any:
         return f"{str(x.dtype).removeprefix('torch.')}{list(x.shape)}"
     if isinstance(x, (list, tuple)):
         return "[" + ", ".join(str(_meta(y)) for y in x) + "]"
-    if isinstance(x, torch.ScriptObject) or isinstance(x, torch._C._distributed_c10d.ProcessGroup):
-        return None  # the group is named separately; reduce ops are opaque script objects
+    if isinstance(x, torch.ScriptObject):
+        return reduce_op_name(x)  # None for the group, which is named separately
+    if isinstance(x, torch._C._distributed_c10d.ProcessGroup):
+        return None
     return repr(x)
+
+
+def reduce_op_name(x: Any) -> str | None:
+    """``"SUM"``, ``"MAX"``, ... for a c10d ``ReduceOp`` script object (the form the dispatcher
+    gives it in), else None."""
+    try:
+        if not str(x._type()).endswith(".ReduceOp"):
+            return None
+        return torch.distributed.ReduceOp.RedOpType(int(x.op())).name
+    except Exception:  # an opaque object of another torch version: leave it out of descriptions
+        return None
 
 
 def describe(func: OpOverload, args: tuple, kwargs: dict) -> str:
@@ -247,222 +258,52 @@ def describe(func: OpOverload, args: tuple, kwargs: dict) -> str:
     return f"{func._schema.name}({', '.join(parts)})"
 
 
-def _device_of(x: Any) -> torch.device | None:
-    if isinstance(x, torch.Tensor):
-        return x.device
-    if isinstance(x, (list, tuple)):
-        for y in x:
-            d = _device_of(y)
-            if d is not None:
-                return d
+def functional_ops() -> Any:
+    """``torch.ops._c10d_functional`` (looked up on first use, not at import)."""
+    return torch.ops._c10d_functional
+
+
+def as_functional(func: OpOverload, args: tuple, kwargs: dict) -> tuple[Any, tuple, Any] | None:
+    """``(op, args, tensor)``: the functional collective that computes what the c10d op ``func``
+    writes with these (frozen or FX) arguments, and the tensor it writes, for compiled replay
+    (which copies the waited result back into that tensor); None when there is none (several
+    tensors, sparse, a reduction without a functional name)."""
+    name = func._schema.name
+    f = functional_ops()
+    bound = {a.name: (args[i] if i < len(args) else kwargs.get(a.name, a.default_value))
+             for i, a in enumerate(func._schema.arguments)}
+    pg = bound.get("process_group")
+    if not isinstance(pg, torch.ScriptObject):
+        return None
+    group_name = torch._C._distributed_c10d.ProcessGroup.unbox(pg).group_name
+    if name == "c10d::allreduce_":
+        tensors, op = bound["tensors"], reduce_op_name(bound["reduce_op"])
+        if len(tensors) != 1 or bound.get("sparse_indices") is not None or op is None:
+            return None
+        if op.lower() not in ("sum", "avg", "product", "min", "max"):
+            return None
+        return f.all_reduce.default, (tensors[0], op.lower(), group_name), tensors[0]
+    if name in ("c10d::_allgather_base_", "c10d::_reduce_scatter_base_"):
+        size = torch._C._distributed_c10d.ProcessGroup.unbox(pg).size()
+        out, src = bound["output_tensor"], bound["input_tensor"]
+        if name == "c10d::_allgather_base_":
+            return f.all_gather_into_tensor.default, (src, size, group_name), out
+        op = reduce_op_name(bound["reduce_op"])
+        if op is None or op.lower() not in ("sum", "avg", "product", "min", "max"):
+            return None
+        return f.reduce_scatter_tensor.default, (src, op.lower(), size, group_name), out
+    if name == "c10d::broadcast_":
+        tensors = bound["tensors"]
+        if len(tensors) != 1 or bound["root_tensor"] != 0:
+            return None
+        root = torch.distributed.get_global_rank(
+            torch._C._distributed_c10d.ProcessGroup.unbox(pg), bound["root_rank"])
+        return f.broadcast.default, (tensors[0], root, group_name), tensors[0]
     return None
 
 
-class Signature:
-    """The collectives of one graph, per process group in order of first use: what the first
-    replay compares across ranks. ``entries`` holds ``(group, description)`` in capture order."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.entries: list[tuple[Any, str]] = []
-        self.groups: dict[str, Any] = {}
-
-    def add(self, func: OpOverload, args: tuple, kwargs: dict) -> None:
-        if role(func) == IDENTITY:
-            return
-        group = group_of(func, args, kwargs)
-        self.groups.setdefault(group.group_name, group)
-        self.entries.append((group, describe(func, args, kwargs)))
-
-    def __len__(self) -> int:
-        return len(self.entries)
-
-    def on(self, name: str) -> list[str]:
-        """Descriptions of the collectives on group ``name``, in order."""
-        return [d for g, d in self.entries if g.group_name == name]
-
-
-def _hash64(items: list[str]) -> int:
-    digest = hashlib.blake2b("\n".join(items).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little", signed=True)
-
-
-def _collective_device(group: Any, fallback: torch.device) -> torch.device:
-    """The device whose tensors ``group``'s backend takes (CPU for gloo)."""
-    try:
-        name = str(torch.distributed.get_backend(group)).lower()
-    except Exception:
-        return fallback
-    return torch.device("cpu") if name in ("gloo", "mpi") else fallback
-
-
-def first_replay_check(sig: Signature) -> None:
-    """Check that every rank of each group the graph uses recorded the same collectives on it.
-
-    One ``all_gather`` of ``(count, hash)`` per group (two int64 per rank); only on a mismatch
-    the descriptions themselves are exchanged to name the rank and the op. Raises ReplayError;
-    a rank that never joins the check makes it fail after the group's timeout, not hang.
-    """
-    dist = torch.distributed
-    me = dist.get_rank()
-    for name, group in sig.groups.items():
-        mine = sig.on(name)
-        device = _collective_device(group, sig.device)
-        local = torch.tensor([len(mine), _hash64(mine)], dtype=torch.int64, device=device)
-        size = dist.get_world_size(group)
-        gathered = torch.empty(2 * size, dtype=torch.int64, device=device)
-        try:
-            dist.all_gather_into_tensor(gathered, local, group=group)
-        except Exception as exc:
-            raise ReplayError(
-                f"rank {me}: the first replay's check that every rank of process group {name!r} "
-                f"(size {size}) captured the same collectives failed before collective #0 "
-                f"({mine[0]}): {str(exc).strip().splitlines()[0] if str(exc).strip() else exc!r}. "
-                f"A rank of the group did not replay a graph with collectives on this group (it "
-                f"captured a different program, or replays graphs in another order), or the group "
-                f"timed out. Every rank must capture the same collectives and replay the same "
-                f"graphs in the same order."
-            ) from exc
-        rows = gathered.view(size, 2).tolist()
-        if all(row == rows[0] for row in rows):
-            continue
-        everyone: list[Any] = [None] * size
-        dist.all_gather_object(everyone, mine, group=group)
-        raise ReplayError(_mismatch_message(me, name, group, everyone))
-
-
-def _mismatch_message(me: int, name: str, group: Any, everyone: list[list[str]]) -> str:
-    """Which ranks' collective sequences on ``group`` differ from group rank 0's, at which op."""
-    dist = torch.distributed
-    ref = everyone[0]
-    ref_rank = dist.get_global_rank(group, 0)
-    lines = []
-    for r, seq in enumerate(everyone):
-        if seq == ref:
-            continue
-        rank = dist.get_global_rank(group, r)
-        i = next((k for k, (a, b) in enumerate(zip(seq, ref)) if a != b), min(len(seq), len(ref)))
-        theirs = seq[i] if i < len(seq) else "nothing (its graph ends there)"
-        ours = ref[i] if i < len(ref) else "nothing (its graph ends there)"
-        lines.append(f"rank {rank} records collective #{i} as {theirs}, but rank {ref_rank} "
-                     f"records {ours}")
-    return (
-        f"rank {me}: the ranks of process group {name!r} captured different collectives, "
-        f"detected at the first replay: {'; '.join(lines)}. Every rank must capture the same "
-        f"collectives (same ops, shapes, dtypes, groups, order) and replay the same graphs in the "
-        f"same order; recapture on every rank."
-    )
-
-
-# -- replay --------------------------------------------------------------------------------------
-_F = None  # torch.ops._c10d_functional, bound on first use
-
-
-def _functional_ops() -> Any:
-    global _F
-    if _F is None:
-        _F = torch.ops._c10d_functional
-    return _F
-
-
-def _wait_all(x: Any, wait: Callable[[Any], Any]) -> None:
-    if isinstance(x, torch.Tensor):
-        wait(x)
-    elif isinstance(x, (list, tuple)):
-        for y in x:
-            _wait_all(y, wait)
-
-
-def replay_fn(func: OpOverload, args: tuple, kwargs: dict, outputs: tuple, index: int,
-              description: str) -> Callable[[], None]:
-    """The replay of one recorded collective, with materialized arguments and outputs: issue
-    it, wait for it, and (functional ops) leave the result in the captured outputs. A failure
-    (a timeout, a broken group) raises ReplayError naming this rank, the op and its index."""
-    f = _functional_ops()
-    wait_tensor = f.wait_tensor.default
-    r = role(func)
-    name = func._schema.name
-    op = func._op
-    if r == INPLACE and func.namespace == C10D:
-        def run() -> None:
-            res = op(*args, **kwargs)
-            (res[-1] if isinstance(res, tuple) else res).wait()
-    elif r == INPLACE:
-        def run() -> None:
-            _wait_all(op(*args, **kwargs), wait_tensor)
-    elif name == "_c10d_functional::all_reduce" and not kwargs:
-        # In place on the captured output: no allocation, the same collective on the same data.
-        out, (src, reduce_op, group) = outputs[0], args
-        inplace, copy = f.all_reduce_.default._op, torch.ops.aten.copy_.default._op
-
-        def run() -> None:
-            copy(out, src)
-            wait_tensor(inplace(out, reduce_op, group))
-    elif name in ("_c10d_functional::all_gather_into_tensor",
-                  "_c10d_functional::reduce_scatter_tensor") and not kwargs:
-        out_op = (f.all_gather_into_tensor_out if "gather" in name else f.reduce_scatter_tensor_out)
-        out_op = out_op.default._op
-        out = outputs[0]
-
-        def run() -> None:
-            wait_tensor(out_op(*args, out=out))
-    else:
-        copy = torch.ops.aten.copy_.default._op
-
-        def run() -> None:
-            res = op(*args, **kwargs)
-            flat = [res] if isinstance(res, torch.Tensor) else list(res)
-            for out, value in zip(outputs, flat):
-                copy(out, wait_tensor(value))
-
-    def guarded() -> None:
-        try:
-            run()
-        except Exception as exc:
-            raise ReplayError(_failure_message(index, description, exc)) from exc
-
-    return guarded
-
-
-def _failure_message(index: int, description: str, exc: BaseException) -> str:
-    dist = torch.distributed
-    rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else "?"
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
-    return (
-        f"rank {rank}: collective #{index} of the graph, {description}, failed at replay: "
-        f"{first}. A timeout means another rank did not issue the same collective (every rank "
-        f"must replay the same graphs in the same order); the process group may be unusable "
-        f"after a failure, destroy and recreate it."
-    )
-
-
-def signature_of(steps: list[Any], device: torch.device) -> Signature:
-    """The :class:`Signature` of recorded steps (those of kind ``collective``)."""
-    sig = Signature(device)
-    for s in steps:
-        if s.kind == "collective":
-            sig.add(s.func, s.args, s.kwargs)
-    return sig
-
-
-def with_first_replay_check(run: Callable[[], None], sig: Signature) -> Callable[[], None]:
-    """``run`` preceded, on its first call only, by :func:`first_replay_check`. A failed check
-    is repeated on the next call (every rank fails it together)."""
-    done = False
-
-    def replay() -> None:
-        nonlocal done
-        if not done:
-            first_replay_check(sig)
-            done = True
-        run()
-
-    return replay
-
-
 __all__ = [
-    "IDENTITY", "INPLACE", "ISSUE", "REFUSED_CALLERS", "REFUSED_OPS", "Signature",
-    "capture_result", "check_call", "completed_work", "describe", "first_replay_check",
-    "group_of", "is_collective", "known_groups", "refusal", "refused_caller", "replay_fn",
-    "role", "signature_of", "with_first_replay_check",
+    "IDENTITY", "INPLACE", "ISSUE", "REFUSED_CALLERS", "REFUSED_OPS", "as_functional",
+    "capture_result", "check_call", "completed_work", "describe", "functional_ops", "group_of",
+    "is_collective", "known_groups", "reduce_op_name", "refusal", "refused_caller", "role",
 ]

@@ -199,13 +199,24 @@ def build_fx(steps: list[Step], outputs: list[PoolRef]) -> tuple[fx.Graph, list[
 
 def _collective_node(graph: fx.Graph, step: Step, args: Any, kwargs: Any,
                      by_ref: dict[PoolRef, fx.Node], allocations: dict) -> None:
-    """A functional collective as Inductor expects it: the op, then ``wait_tensor`` of each
-    result, which its outputs then are. In-place ones (``dist.all_reduce`` and the c10d ops,
-    whose process group is a script object Inductor does not take) are not compiled."""
+    """A collective as Inductor expects it: a functional op, then ``wait_tensor`` of each result.
+    c10d in-place ops (``dist.all_reduce``, ...; their process group is a script object Inductor
+    does not take) become their functional twin plus a ``copy_`` back into the tensor they
+    mutate, where :func:`.collectives.as_functional` knows one; others are not compiled."""
+    functional = collectives.as_functional(step.func, args, kwargs)
+    if functional is not None:
+        # An in-place c10d op as its functional twin, waited for and copied back into the
+        # tensor it mutates (AOT functionalization refuses the in-place functional ops).
+        op, fargs, target = functional
+        value = graph.call_function(torch.ops._c10d_functional.wait_tensor.default,
+                                    (graph.call_function(op, fargs),))
+        graph.call_function(aten.copy_.default, (target, value))
+        return
     if collectives.role(step.func) != collectives.ISSUE:
         raise CompileUnsupported(
-            f"{step.func} is an in-place collective (dist.all_reduce and friends pass the process "
-            f"group as an object Inductor cannot compile); use the functional collectives "
+            f"{step.func} is an in-place collective without a functional equivalent here (only "
+            f"single-tensor all_reduce, broadcast, all_gather_into_tensor and "
+            f"reduce_scatter_tensor are translated); use the functional collectives "
             f"(torch.distributed._functional_collectives) for compiled replay"
         )
     wait = torch.ops._c10d_functional.wait_tensor.default

@@ -13,6 +13,8 @@ from typing import Any
 import torch
 from torch._ops import OpOverload
 
+from . import collectives
+
 aten = torch.ops.aten
 
 # --------------------------------------------------------------------------------------------
@@ -84,6 +86,8 @@ _ARG_DEPENDENT = frozenset({"repeat_interleave", "index", "index_put", "index_pu
 def _static_verdict(func: OpOverload) -> tuple[bool, str | None]:
     """(depends on the arguments, reason) for ``func``, computed once per op."""
     name = func.overloadpacket.__name__
+    if collectives.is_collective(func):  # they return Work handles, which are not host values
+        return False, collectives.refusal(func)
     if name in ILLEGAL_OPS:
         return False, ILLEGAL_OPS[name]
     if name in _ARG_DEPENDENT:

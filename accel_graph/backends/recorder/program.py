@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from ...errors import ReplayError
-from . import collectives
+from . import collective_replay, collectives
 from .capture import InputRecord, Step
 from .pool_protocol import GraphPool, PoolRef
 
@@ -65,7 +65,7 @@ def replayed(steps: list[Step]) -> int:
 
 
 def allocates_at_replay(step: Step) -> bool:
-    return step.kind == "compute"
+    return step.kind == "compute" or (step.kind == "collective" and collective_replay.allocates(step.func))
 
 
 def materialize(steps: list[Step], pool: GraphPool) -> list[Step]:
@@ -169,8 +169,9 @@ def _emit_step(em: _Emitter, step: Step) -> None:
             for i, out in enumerate(step.outputs):
                 em.lines.append(f"    {em.bind(_COPY)}({em.bind(out)}, r[{i}])")
     elif kind == "collective":
-        fn = collectives.replay_fn(step.func, step.args, step.kwargs, step.outputs, em.collectives,
-                                   collectives.describe(step.func, step.args, step.kwargs))
+        fn = collective_replay.replay_fn(step.func, step.args, step.kwargs, step.outputs,
+                                         em.collectives,
+                                         collectives.describe(step.func, step.args, step.kwargs))
         em.collectives += 1
         em.call(fn, (), {})
     elif kind in ("none", "view"):
