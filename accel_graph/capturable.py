@@ -20,6 +20,7 @@ the package face imports this module only when ``check_capturable`` is first use
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -31,6 +32,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from .backends.recorder.ops import illegal_reason
 from .backends.recorder.plan import user_frame
 from .backends.recorder.pytree import tree_flatten
+from .baked_values import BakedValue, OpLog, find_baked_values
+from .errors import ConfigError
 
 __all__ = ["CapturabilityReport", "Finding", "check_capturable"]
 
@@ -54,7 +57,8 @@ class Finding:
     op: str
     reason: str
     location: str
-    #: ``"dispatch"`` (an aten op) or ``"python"`` (a torch API call the dispatcher misses).
+    #: ``"dispatch"`` (an aten op), ``"python"`` (a torch API call the dispatcher misses) or
+    #: ``"baked"`` (a host value a graph would freeze; ``check_capturable(steps=2)``).
     level: str = "dispatch"
 
     def __str__(self) -> str:
@@ -185,6 +189,7 @@ def _has_default_device(target: str) -> bool:
 
 
 def check_capturable(fn: Callable[..., Any], *args: Any, target: str | torch.device | None = None,
+                     steps: int | None = None, advance: Callable[[], Any] | None = None,
                      **kwargs: Any) -> CapturabilityReport:
     """Run ``fn(*args, **kwargs)`` eagerly and report every operation capture would refuse.
 
@@ -195,6 +200,13 @@ def check_capturable(fn: Callable[..., Any], *args: Any, target: str | torch.dev
             ``torch.device``). With a GPU target, CPU tensors count as host memory: ``.cpu()``,
             ``.to("cpu")``, factories without ``device=`` and ops mixing CPU tensors with
             target tensors are flagged too. None (default): the recorder's rules only.
+        steps: with ``steps >= 2``, also look for baked host values: ``fn`` runs ``steps``
+            times (``advance()`` between runs, if given), each a real eager step, and every op
+            whose Python arguments changed between runs is reported (level ``"baked"``): a
+            value read from mutable host state at capture, which a graph would replay frozen
+            (see :mod:`accel_graph.baked_values`). None (default): one run, no such check.
+        advance: a callable run between the steps (advance a position input, append a token);
+            only with ``steps``.
 
     Returns a :class:`CapturabilityReport`: ``report.ok`` (also its truth value),
     ``report.findings`` (each with ``op``, ``reason``, ``location``), ``report.format()``, and
@@ -203,7 +215,17 @@ def check_capturable(fn: Callable[..., Any], *args: Any, target: str | torch.dev
     tgt = None if target is None else torch.device(target).type
     if tgt == "cpu":
         tgt = None  # host memory is the device: nothing more to flag
+    if steps is None and advance is not None:
+        raise ConfigError("advance= is run between steps: pass steps=2 (or more) with it")
+    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 2):
+        raise ConfigError(f"steps={steps!r}: the baked-value check compares at least 2 steps; pass steps=2")
     report = CapturabilityReport(target=None if target is None else str(target))
-    with torch.no_grad(), _FunctionFlagger(report, tgt), _DispatchFlagger(report, tgt):
+    log = OpLog() if steps is not None else contextlib.nullcontext()
+    with torch.no_grad(), _FunctionFlagger(report, tgt), _DispatchFlagger(report, tgt), log:
         report.result = fn(*args, **kwargs)
+    if isinstance(log, OpLog):
+        found, report.result = find_baked_values(fn, args, kwargs, steps=steps, advance=advance,
+                                                 first=(log.ops, report.result))
+        report.findings += [Finding(f.op if isinstance(f, BakedValue) else f.later, f.reason,
+                                    f.location, level="baked") for f in found]
     return report

@@ -35,7 +35,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("accel_graph.allocator",),  # the lazy package face
     ("accel_graph.backends.base",),
     ("accel_graph.backends",),
-    ("accel_graph.frontend", "accel_graph.capturable"),
+    ("accel_graph.frontend", "accel_graph.capturable", "accel_graph.baked_values"),
     ("accel_graph.runner",),
     # The package face: lazy public names over the layers below. Everything above uses the
     # public API through it, as a user would.

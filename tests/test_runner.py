@@ -142,8 +142,13 @@ def test_capture_error_disables_the_bucket_and_falls_back() -> None:
     assert "item" in rep["buckets"][2]["reason"] or "_local_scalar_dense" in rep["buckets"][2]["reason"]
     assert rep["left_out"] == [4]
     x = torch.randn(3, 3)
-    torch.testing.assert_close(r(x), fn(x))  # eagerly
+    # The fallback runs fn at the bucket's padded shape (4 rows, the 4th padding), as the graph
+    # would have, and returns the live rows.
+    padded = torch.cat([x, torch.zeros(1, 3)])
+    torch.testing.assert_close(r(x), fn(padded)[:3])
     torch.testing.assert_close(r(x[:2]), x[:2] * 2)  # the other buckets keep serving
+    # fallback="live": fn on the live batch, as before per-bucket state existed.
+    torch.testing.assert_close(runner_for(fn, fallback="live")(x), fn(x))
     with pytest.raises(CaptureError, match="bucket 4"):
         runner_for(fn, strict=True)
 

@@ -59,9 +59,14 @@ def test_runner_attributes_read_the_runtime() -> None:
     rt = r.runtime
     assert r.buckets == rt.ladder == [1, 2, 4, 5] and r.max_bucket == rt.max_bucket == 5
     assert r.device == rt.device and r.inputs is rt.inputs and r.fn is rt.fn
-    assert (r.verify, r.strict, r.copy_outputs, r.compile) == (True, False, False, None)
+    # verify=True means two checked replays per bucket (the first and the second).
+    assert (r.verify, r.strict, r.copy_outputs, r.compile) == (2, False, False, None)
     r.strict = True  # behaviour flags stay settable, as plain attributes were
     assert rt.strict is True
+    r.verify = False
+    assert rt.verify == 0
+    with pytest.raises(accel_graph.ConfigError, match="verify must be"):
+        r.verify = -1
     with pytest.raises(AttributeError):
         r.buckets = [1]  # the ladder is fixed once static inputs are sized for it
 

@@ -5,9 +5,11 @@ shared pool, the memory budget, and the per-batch-size routes the hot path reads
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -17,9 +19,11 @@ from ..errors import AccelGraphError, CaptureError, ConfigError, OutOfMemoryErro
 from ..frontend import Graph, graph
 from .group import CODE_FAILED, CODE_OK, CODE_RAISED, check_same_setup, exchange
 from .runtime import Bucket, RunnerRuntime
+from .state import state_tensors
 from .support import broadcast_outputs, progress_bar, reason_of
+from .verify import UndoLog
 
-__all__ = ["capture_buckets", "disable_bucket"]
+__all__ = ["capture_buckets", "capture_lazily", "disable_bucket", "output_region_bytes"]
 
 log = logging.getLogger("accel_graph")
 
@@ -32,15 +36,22 @@ def capture_buckets(rt: RunnerRuntime) -> None:
     """Warm up and capture every bucket of ``rt``, largest first, into one shared pool.
 
     A bucket whose capture fails (``CaptureError``, out of memory) or that pushes the pool over
-    ``rt.memory_budget`` is left out with its reason (``rt.strict`` raises instead); its batches
-    run eagerly. Raises AccelGraphError when ``rt`` was captured before, ConfigError when the
-    budget cannot hold even the smallest bucket, or when ``rt.fn`` returns something other than
-    tensors. ``rt.captured`` is set and the routes built even when capture raises half-way.
+    ``rt.memory_budget`` or the capture time over ``rt.capture_time_budget`` is left out with
+    its reason (``rt.strict`` raises instead); its batches run eagerly. With
+    ``rt.capture_mode == "lazy"`` nothing is captured here: each bucket is captured on its first
+    call (:func:`capture_lazily`). Raises AccelGraphError when ``rt`` was captured before,
+    ConfigError when the budget cannot hold even the smallest bucket, or when ``rt.fn`` returns
+    something other than tensors. ``rt.captured`` is set and the routes built even when capture
+    raises half-way.
     """
     if rt.captured:
         raise AccelGraphError("GraphRunner.capture() already ran; build a new runner to recapture")
     if rt.pool is None:
         rt.pool = rt.backend.graph_pool_handle(rt.device_spec)
+    if rt.capture_mode == "lazy":
+        rt.captured = True
+        rt.build_routes()
+        return
     if rt.group is not None:
         check_same_setup(rt.group, rt.ladder, rt.verify)
     strict = rt.strict
@@ -48,29 +59,22 @@ def capture_buckets(rt: RunnerRuntime) -> None:
     # collective): strict raises after the ranks agree, on every rank (_capture_agreed).
     rt.strict = strict and rt.group is None
     bar = progress_bar(len(rt.buckets), rt.progress)
-    gc_was_enabled = gc.isenabled()
-    # GC off during capture (vLLM and SGLang freeze it): a collection mid-capture costs time
-    # and can run finalizers of tensors in the middle of a capture. No gc.collect() first: with
-    # torch imported one full collection takes ~0.5 s on a 2-core CPU, longer than capturing a
-    # small ladder.
-    gc.disable()
     try:
-        for bucket in reversed(rt.buckets):  # largest first: smaller ones reuse its memory
-            if bar is not None:
-                bar.set_postfix_str(f"bucket {bucket.size}")
-            if rt.group is None:
-                _capture_one(rt, bucket)
-            else:
-                _capture_agreed(rt, bucket, strict)
-            if bar is not None:
-                reserved, _ = rt.pool_bytes()
-                mib = "?" if reserved is None else f"{reserved / 2**20:.1f}"
-                bar.set_postfix_str(f"bucket {bucket.size} | pool {mib} MiB")
-                bar.update(1)
+        with _gc_off():
+            for bucket in reversed(rt.buckets):  # largest first: smaller ones reuse its memory
+                if bar is not None:
+                    bar.set_postfix_str(f"bucket {bucket.size}")
+                if rt.group is not None:
+                    _capture_agreed(rt, bucket, strict)
+                elif not _over_time_budget(rt, bucket):
+                    _capture_one(rt, bucket)
+                if bar is not None:
+                    reserved, _ = rt.pool_bytes()
+                    mib = "?" if reserved is None else f"{reserved / 2**20:.1f}"
+                    bar.set_postfix_str(f"bucket {bucket.size} | pool {mib} MiB")
+                    bar.update(1)
     finally:
         rt.strict = strict
-        if gc_was_enabled:
-            gc.enable()
         if bar is not None:
             bar.close()
         rt.captured = True
@@ -85,7 +89,61 @@ def capture_buckets(rt: RunnerRuntime) -> None:
         )
 
 
-def _capture_one(rt: RunnerRuntime, bucket: Bucket) -> None:
+def capture_lazily(rt: RunnerRuntime, bucket: Bucket) -> None:
+    """Capture ``bucket`` on its first call (``capture="lazy"``), then rebuild the routes.
+
+    The warm-up runs ``fn`` once more than eager capture would, while the server already holds
+    state: every tensor it writes in place (a KV cache, a counter) is put back afterwards, so the
+    call that triggered the capture sees the state as it was. Failures leave the bucket out,
+    as in :func:`capture_buckets`.
+    """
+    try:
+        if rt.pool is None:
+            rt.pool = rt.backend.graph_pool_handle(rt.device_spec)
+        if not _over_time_budget(rt, bucket):
+            with _gc_off():
+                _capture_one(rt, bucket, undo_warmup=True)
+    finally:
+        rt.captured = True
+        rt.build_routes()
+
+
+def _over_time_budget(rt: RunnerRuntime, bucket: Bucket) -> bool:
+    """Leave ``bucket`` out (True) when capture has used up ``rt.capture_time_budget``."""
+    budget = rt.capture_time_budget
+    if budget is None or rt.capture_seconds < budget:
+        return False
+    disable_bucket(rt, bucket, "over_time_budget",
+                   f"left out by capture_time_budget={budget} s: {rt.capture_seconds:.2f} s "
+                   f"already spent capturing", None, raise_strict=False)
+    return True
+
+
+@contextlib.contextmanager
+def _gc_off() -> Iterator[None]:
+    """GC off during capture (vLLM and SGLang freeze it): a collection mid-capture costs time
+    and can run finalizers of tensors in the middle of a capture. No gc.collect() first: with
+    torch imported one full collection takes ~0.5 s on a 2-core CPU, longer than capturing a
+    small ladder."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _capture_one(rt: RunnerRuntime, bucket: Bucket, undo_warmup: bool = False) -> None:
+    t_start = time.perf_counter()
+    try:
+        _warm_and_capture(rt, bucket, undo_warmup)
+    finally:
+        rt.capture_seconds += time.perf_counter() - t_start
+        bucket.captured_at_call = rt.calls_served()
+
+
+def _warm_and_capture(rt: RunnerRuntime, bucket: Bucket, undo_warmup: bool) -> None:
     b = bucket.size
     for s, x in zip(rt.inputs, rt.examples):
         s.fill_bucket(x, b)
@@ -94,20 +152,30 @@ def _capture_one(rt: RunnerRuntime, bucket: Bucket) -> None:
     spec = backend.device_spec(rt.device)
     # Warm-up on the stream capture will use (per-stream library handles, e.g. hipBLASLt, must
     # exist before capture): workspaces, lazy init, algorithm choice.
+    undo = UndoLog() if undo_warmup else contextlib.nullcontext()
     try:
-        with torch.no_grad(), backend.stream_context(backend.capture_stream(spec)):
+        with torch.no_grad(), backend.stream_context(backend.capture_stream(spec)), undo:
             warm = rt.fn(*args, **kwargs)
     except (OutOfMemoryError, torch.OutOfMemoryError, MemoryError) as exc:
         disable_bucket(rt, bucket, "failed", f"eager warm-up ran out of memory: {reason_of(exc)}", exc)
         return
+    finally:
+        if isinstance(undo, UndoLog):
+            undo.restore()
     _check_outputs(rt, warm, b)
-    del warm
+    warm_leaves, warm_spec = pytree.tree_flatten(warm)
+    warm_shapes = [(x.shape, x.dtype) for x in warm_leaves]
+    del warm, warm_leaves
     backend.synchronize(spec)
     g = Graph(device=rt.device, pool=rt.pool, compile=rt.compile)
     t0 = time.perf_counter()
+    region = _region_for(rt, warm_spec, warm_shapes, b)
     try:
         with torch.no_grad(), graph(g, pool=rt.pool):
             out = rt.fn(*args, **kwargs)
+            if region is not None:  # write the outputs into the shared region, in the graph
+                for dst, src in zip(region, pytree.tree_leaves(out)):
+                    dst.copy_(src)
     except _BUCKET_FAILURES as exc:
         disable_bucket(rt, bucket, "failed", f"capture failed: {reason_of(exc)}", exc)
         return
@@ -133,10 +201,74 @@ def _capture_one(rt: RunnerRuntime, bucket: Bucket) -> None:
     if rt.out_spec is None:
         rt.out_spec = out_spec
         rt.out_dims = broadcast_outputs(rt.output_batch_dim, out_spec)
+    bucket.output_bytes = sum(x.numel() * x.element_size() for x in leaves)
+    if region is not None:
+        leaves = region  # the graph copied its outputs there; its own die with ``out``
+    elif rt.share_outputs and rt.output_region is None and not _aliases_inputs(rt, leaves):
+        rt.output_region = leaves  # the first bucket captured owns the region
+    del out
     bucket.out_leaves = leaves
     bucket.replay = g.replay
     bucket.status = "captured"
-    bucket.ready = not rt.verify
+    bucket.ready = rt.verify == 0
+
+
+def _aliases_inputs(rt: RunnerRuntime, leaves: list[torch.Tensor]) -> bool:
+    """Whether an output is (a view of) a static input or per-bucket state: such memory must
+    never become the shared region, or smaller buckets would write their outputs into it."""
+    assert rt.states is not None
+    held = {s.static.untyped_storage().data_ptr() for s in rt.inputs}
+    for obj in rt.states.built.values():
+        held.update(t.untyped_storage().data_ptr() for t in state_tensors(obj))
+    hit = [k for k, x in enumerate(leaves) if x.untyped_storage().data_ptr() in held]
+    if hit:
+        log.warning("GraphRunner: share_outputs is off: outputs %s are views of static inputs "
+                    "or per-bucket state, not graph memory", hit)
+        rt.share_outputs = False
+    return bool(hit)
+
+
+def _region_for(rt: RunnerRuntime, spec: Any, shapes: list[tuple[torch.Size, torch.dtype]],
+                b: int) -> list[torch.Tensor] | None:
+    """Views of the shared output region for bucket ``b``'s outputs (``share_outputs``), or
+    None: sharing is off, no region exists yet (this bucket will own it), or the region cannot
+    hold these outputs (a larger bucket captured after a smaller one, or outputs whose
+    non-batch shape depends on the bucket), which then keep their own memory."""
+    region = rt.output_region
+    if region is None or spec != rt.out_spec:
+        return None
+    views = []
+    for x, d, (shape, dtype) in zip(region, rt.out_dims, shapes):
+        v = x if d is None else (x.narrow(d, 0, b) if x.shape[d] >= b else None)
+        if v is None or v.shape != shape or v.dtype != dtype:
+            return None
+        views.append(v)
+    return views
+
+
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    """[first byte, one past the last byte) of the memory ``t`` covers (0, 0 when empty)."""
+    if t.numel() == 0:
+        return (0, 0)
+    start = t.data_ptr()
+    last = sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
+    return start, start + (last + 1) * t.element_size()
+
+
+def output_region_bytes(rt: RunnerRuntime) -> int:
+    """Bytes of memory the serving buckets' outputs cover together (overlaps counted once)."""
+    spans = sorted(_span(x) for b in rt.buckets if b.replay is not None for x in b.out_leaves)
+    total, end = 0, -1
+    for lo, hi in spans:
+        if hi <= lo:
+            continue
+        if lo >= end:
+            total += hi - lo
+            end = hi
+        elif hi > end:
+            total += hi - end
+            end = hi
+    return total
 
 
 def _capture_agreed(rt: RunnerRuntime, bucket: Bucket, strict: bool) -> None:
@@ -145,7 +277,8 @@ def _capture_agreed(rt: RunnerRuntime, bucket: Bucket, strict: bool) -> None:
     raises CaptureError), and when any rank raised, every rank raises."""
     assert rt.group is not None
     try:
-        _capture_one(rt, bucket)
+        if not _over_time_budget(rt, bucket):  # the clocks differ: agreed below like a failure
+            _capture_one(rt, bucket)
     except Exception:
         exchange(rt.group, CODE_RAISED)  # tell the others before leaving, so none waits
         raise
@@ -162,11 +295,14 @@ def _capture_agreed(rt: RunnerRuntime, bucket: Bucket, strict: bool) -> None:
         return
     if bucket.status == "captured":  # this rank could serve it; another could not
         g = bucket.graph
+        # Outputs that became the shared region (share_outputs) stay: smaller buckets write
+        # there. Otherwise the graph is reset and its pool memory goes back.
+        owns_region = rt.output_region is not None and rt.output_region is bucket.out_leaves
         disable_bucket(rt, bucket, "disabled",
                        f"disabled on every rank: rank(s) {failed} could not capture it", None)
-        if g is not None:
-            g.reset()  # its pool memory goes back; nothing will replay it
-        bucket.graph = None
+        if g is not None and not owns_region:
+            g.reset()
+            bucket.graph = None
     else:
         bucket.reason = f"{bucket.reason} (rank(s) {failed}; disabled on every rank)"
     if strict:

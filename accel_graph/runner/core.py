@@ -22,14 +22,17 @@ import torch
 import torch.utils._pytree as pytree
 
 from ..backends import select_backend
-from ..errors import AccelGraphError, ConfigError
+from ..errors import ConfigError
 from ..frontend import Graph
 from .buckets import default_ladder, validate_ladder
-from .capture import capture_buckets, disable_bucket
-from .group import GroupInfo, agreed_diff
+from .capture import capture_buckets, capture_lazily, disable_bucket
+from .debug import debug_call
+from .fallback import FALLBACKS, load_static, narrow_outputs, run_eagerly
+from .group import GroupInfo
 from .inputs import InputSpec, broadcast, leaf_names
 from .reports import memory_report, stats
 from .runtime import Bucket, RunnerRuntime
+from .state import StateTable
 from .support import fits
 from .verify import UndoLog, compare
 
@@ -77,9 +80,12 @@ class GraphRunner:
         pool: a pool handle to capture into; default a new ``graph_pool_handle(device)``.
         device: default: the device of the example inputs.
         compile: passed to every :class:`~accel_graph.Graph` (``"inductor"`` on the recorder).
-        verify: compare each bucket's first replay with eager at the padded shape, under the
-            per-dtype tolerances of :mod:`accel_graph.tolerances`; a mismatch disables
-            the bucket (its calls run eagerly).
+        verify: how many replays of each bucket are compared with eager at the padded shape,
+            under the per-dtype tolerances of :mod:`accel_graph.tolerances`: True (default) 2
+            (the first replay and the second, which catches host values baked at capture
+            that move with state, such as a cache length), an int N: replays 1, 2, 4, ...,
+            2**(N-1); False or 0: none. A mismatch disables the bucket (its calls fall back).
+            Replays between checks take the slow path; after the last check, the hot path.
         strict: raise instead of falling back to eager (failed capture, verification mismatch,
             batch above the largest bucket).
         memory_budget: bytes the pool may hold; buckets that push it over are captured, measured
@@ -87,13 +93,30 @@ class GraphRunner:
         copy_outputs: return copies instead of views into the graphs' static outputs (which the
             next call of the same bucket overwrites).
         progress: show a progress bar during capture; None: only when stderr is a terminal.
-        process_group: a ``torch.distributed`` process group when ``fn`` is one rank's share of
-            a distributed step (tensor parallelism): every rank of the group builds a runner
-            with the same buckets and ``verify``, captures, and is called with the same batch
-            sizes in the same order. The ranks then agree on every bucket: one that a rank
-            cannot serve (failed capture, over budget, failed verification) is disabled on all
-            ranks, so their collectives keep pairing up (:mod:`accel_graph.runner.group`).
-            None (default): one process, no agreement.
+        process_group: the ``torch.distributed`` group when ``fn`` is one rank's share of a
+            distributed step: the ranks agree on every bucket (:mod:`accel_graph.runner.group`).
+        state: a factory ``state(bucket_size) -> object`` building per-bucket state (a static KV
+            cache, attention-metadata buffers); ``fn`` receives it as the keyword ``state=``
+            in warm-up, capture, verification and fallback at that bucket, and
+            ``runner.state(bucket)`` returns it (see :mod:`accel_graph.runner.state`).
+        fallback: how a bucket that is not serving runs its batches: ``"padded"`` (default:
+            at the bucket's padded shape with the bucket's state, what its graph would have
+            done) or ``"live"`` (``fn`` on the live batch at its own size). Batches above the
+            largest bucket always run at their own size.
+        capture: ``"eager"`` (default: ``capture()`` captures every bucket, largest first) or
+            ``"lazy"`` (each bucket is captured on its first call; ``capture()`` is optional).
+        capture_time_budget: seconds all captures together may take; buckets not captured
+            when it is spent are left out (status ``over_time_budget``) and run as fallback.
+        share_outputs: every bucket's graph writes its outputs into one region, the largest
+            captured bucket's outputs (a copy at the end of each smaller graph; each graph's
+            own output memory returns to the pool), so output memory is that of the largest
+            bucket, not the sum over buckets. Returned views then stay valid only until the
+            next call of *any* bucket (without it: of the same bucket). With lazy capture the
+            region is the first bucket captured; larger ones keep their own outputs.
+        debug: check the outputs contract: outputs returned by a call must be unchanged when
+            the next call starts (else something else wrote into them: another runner in the
+            same pool, or the caller), warned and counted in ``stats()``; then they are
+            NaN-filled, so code that still reads them after the next call sees NaN.
 
     Calls run under ``torch.no_grad()``; ``capture()`` runs ``fn`` eagerly once per bucket
     (warm-up), so state ``fn`` mutates is touched then. Not thread-safe: one caller at a time.
@@ -118,12 +141,18 @@ class GraphRunner:
         pool: object | None = None,
         device: torch.device | str | int | None = None,
         compile: str | None = None,
-        verify: bool = True,
+        verify: bool | int = True,
         strict: bool = False,
         memory_budget: int | None = None,
         copy_outputs: bool = False,
         progress: bool | None = None,
         process_group: Any = None,
+        state: Callable[[int], Any] | None = None,
+        fallback: str = "padded",
+        capture: str = "eager",
+        capture_time_budget: float | None = None,
+        share_outputs: bool = False,
+        debug: bool = False,
     ) -> None:
         if not callable(fn):
             raise ConfigError(f"fn must be callable, got {type(fn).__name__}")
@@ -140,6 +169,17 @@ class GraphRunner:
             isinstance(memory_budget, bool) or not isinstance(memory_budget, int) or memory_budget <= 0
         ):
             raise ConfigError(f"memory_budget must be a positive number of bytes, got {memory_budget!r}")
+        if fallback not in FALLBACKS:
+            raise ConfigError(f"fallback must be one of {FALLBACKS}, got {fallback!r}")
+        if capture not in ("eager", "lazy"):
+            raise ConfigError(f"capture must be 'eager' or 'lazy', got {capture!r}")
+        if capture_time_budget is not None and (
+            isinstance(capture_time_budget, bool) or not isinstance(capture_time_budget, (int, float))
+            or not capture_time_budget > 0
+        ):
+            raise ConfigError(
+                f"capture_time_budget must be a positive number of seconds, got {capture_time_budget!r}"
+            )
 
         args = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
         kwargs = dict(example_kwargs or {})
@@ -163,7 +203,6 @@ class GraphRunner:
         # Graphs get the resolved device, never the bare argument: device="cuda" with inputs on
         # cuda:1 must capture on cuda:1, not on whatever device is current.
         backend, routed = select_backend(dev)
-        group = None if process_group is None else GroupInfo.build(process_group, dev)
         self._runtime = RunnerRuntime(
             fn=fn,
             ladder=ladder,
@@ -178,13 +217,19 @@ class GraphRunner:
             backend=backend,
             device_spec=backend.device_spec(routed),
             compile=compile,
-            verify=bool(verify),
+            verify=_verify_checks(verify),
             strict=bool(strict),
             copy_outputs=bool(copy_outputs),
             memory_budget=memory_budget,
             progress=progress,
             pool=pool,
-            group=group,
+            group=None if process_group is None else GroupInfo.build(process_group, dev, capture),
+            states=StateTable(state, dev),
+            fallback=fallback,
+            capture_mode=capture,
+            capture_time_budget=None if capture_time_budget is None else float(capture_time_budget),
+            share_outputs=bool(share_outputs),
+            debug=bool(debug),
         )
 
     @property
@@ -200,7 +245,14 @@ class GraphRunner:
     device = _forwarded("device", "The runner's device (where inputs must be).")
     inputs = _forwarded("inputs", "The static inputs, one :class:`InputSpec` per input leaf.")
     compile = _forwarded("compile", "``compile=`` of every Graph.")
-    verify = _forwarded("verify", "Verify each bucket's first replay against eager.", settable=True)
+    @property
+    def verify(self) -> int:
+        """Replays per bucket compared with eager (``verify=`` as a number; settable)."""
+        return self._runtime.verify
+
+    @verify.setter
+    def verify(self, value: bool | int) -> None:
+        self._runtime.verify = _verify_checks(value)
     strict = _forwarded("strict", "Raise instead of falling back to eager.", settable=True)
     copy_outputs = _forwarded("copy_outputs", "Return copies, not views into static outputs.", settable=True)
     memory_budget = _forwarded("memory_budget", "Bytes the shared pool may hold during capture.", settable=True)
@@ -230,6 +282,12 @@ class GraphRunner:
             with torch.no_grad():
                 return self(*args, **kwargs)
         rt = self._runtime
+        if rt.debug:
+            return debug_call(rt, self._serve, args, kwargs)
+        return self._serve(args, kwargs)
+
+    def _serve(self, args: tuple, kwargs: dict) -> Any:
+        rt = self._runtime
         if kwargs or not rt.flat_args:
             if kwargs.keys() != rt.kw_order.keys():
                 raise ConfigError(
@@ -249,7 +307,7 @@ class GraphRunner:
             raise self._bad(leaves, 1) from None
         bucket = rt.route[n] if 0 < n <= rt.max_bucket else None
         if bucket is None or not bucket.ready:
-            return self._slow(bucket, n, leaves, args, kwargs)
+            return self._slow(n, leaves, args, kwargs)
         # The hot path: compare, copy, pad, replay, return prebuilt views. Everything else
         # (views per batch size, output slices) was built at capture.
         try:
@@ -279,8 +337,9 @@ class GraphRunner:
         sizes = {s.name: x.shape[s.batch_dim] for s, x in zip(inputs, leaves) if s.batch_dim is not None}
         return ConfigError(f"batched inputs disagree on the batch size: {sizes}")
 
-    def _slow(self, bucket: Bucket | None, n: int, leaves: Sequence[Any], args: tuple, kwargs: dict) -> Any:
-        """Everything off the hot path: validation, first-replay verification, eager fallback."""
+    def _slow(self, n: int, leaves: Sequence[Any], args: tuple, kwargs: dict) -> Any:
+        """Everything off the hot path: validation, lazy capture, first-replay verification,
+        eager fallback."""
         rt = self._runtime
         for s, x in zip(rt.inputs, leaves):
             if not fits(s, x):
@@ -292,33 +351,42 @@ class GraphRunner:
         for s, x in zip(rt.inputs, leaves):
             if s.batch_dim is not None and x.shape[s.batch_dim] != n:
                 raise self._bad(leaves, n)
+        if n > rt.max_bucket:
+            return run_eagerly(rt, f"batch {n} is above the largest bucket ({rt.max_bucket})",
+                               None, n, leaves, args, kwargs)
+        bucket = rt.bucket_for(n)
+        assert bucket is not None
+        if rt.capture_mode == "lazy" and bucket.status == "pending":
+            capture_lazily(rt, bucket)
         if not rt.captured:
-            return self._eager("capture() has not run yet", args, kwargs, n)
-        if bucket is None:
-            return self._eager(f"batch {n} is above the largest bucket ({rt.max_bucket})", args, kwargs, n)
+            return run_eagerly(rt, "capture() has not run yet", bucket, n, leaves, args, kwargs)
         if bucket.replay is None:
-            return self._eager(f"bucket {bucket.size} {bucket.reason}", args, kwargs, n)
-        return self._verify_first(bucket, n, leaves, args, kwargs)
+            return run_eagerly(rt, f"bucket {bucket.size} {bucket.reason}", bucket, n, leaves, args, kwargs)
+        nxt = bucket.replays + 1
+        if bucket.checks >= rt.verify:
+            bucket.ready = True  # checked enough (verify lowered since): the hot path from now
+        if bucket.ready or nxt & (nxt - 1):
+            # Served as the hot path does: verify=0 after a lazy capture, or a replay between
+            # two sampled checks (checks fall on replays 1, 2, 4, ...).
+            load_static(rt, bucket.size, n, leaves)
+            return self._served(bucket, n)
+        return self._verify(bucket, n, leaves)
 
-    def _eager(self, reason: str, args: tuple, kwargs: dict, n: int) -> Any:
+    def _served(self, bucket: Bucket, n: int) -> Any:
+        """Replay ``bucket`` (inputs already in place) and count it, as the hot path does."""
         rt = self._runtime
-        if rt.strict:
-            raise AccelGraphError(f"GraphRunner (strict): {reason}")
-        if reason not in rt.fallbacks:
-            log.warning("GraphRunner: running eagerly: %s", reason)
-        rt.fallbacks[reason] += 1
-        rt.eager_calls += 1
-        rt.eager_sizes[n] += 1
-        return rt.fn(*args, **kwargs)
+        assert bucket.replay is not None
+        bucket.replay()
+        bucket.replays += 1
+        bucket.live_rows += n
+        rt.graph_sizes[n] += 1
+        out = rt.outs[n]
+        return _copy(out) if rt.copy_outputs else out
 
-    def _verify_first(self, bucket: Bucket, n: int, leaves: Sequence[Any], args: tuple, kwargs: dict) -> Any:
-        """First replay of a bucket: compare with eager on the same padded inputs."""
+    def _verify(self, bucket: Bucket, n: int, leaves: Sequence[Any]) -> Any:
+        """A checked replay of a bucket: compare with eager on the same padded inputs."""
         rt = self._runtime
-        for s, x in zip(rt.inputs, leaves):
-            s.live[n].copy_(x)
-        if n != bucket.size:
-            for s in rt.batched:
-                s.static.narrow(s.batch_dim, n, bucket.size - n).fill_(s.pad)
+        load_static(rt, bucket.size, n, leaves)
         bargs, bkwargs = rt.bucket_args(bucket.size)
         undo = UndoLog()
         with undo:
@@ -328,9 +396,7 @@ class GraphRunner:
         assert bucket.replay is not None
         bucket.replay()
         actual = pytree.tree_unflatten(bucket.out_leaves, rt.out_spec)
-        diff = compare(actual, expected)
-        if rt.group is not None:  # every rank keeps the bucket, or none does
-            diff = agreed_diff(rt.group, diff)
+        diff = compare(actual, expected, rt.group)  # with a group: agreed by every rank
         bucket.verified = True
         if diff is not None:
             undo.reapply()  # keep eager's side effects: its result is the one returned
@@ -340,15 +406,51 @@ class GraphRunner:
             rt.fallbacks[f"bucket {bucket.size} {bucket.reason}"] += 1
             rt.eager_calls += 1
             rt.eager_sizes[n] += 1
-            leaves_e, spec = pytree.tree_flatten(expected)
-            sliced = [x if d is None else x.narrow(d, 0, n) for x, d in zip(leaves_e, rt.out_dims)]
-            return pytree.tree_unflatten(sliced, spec)
-        bucket.ready = True
+            return narrow_outputs(rt, expected, n)
+        bucket.checks += 1
+        bucket.ready = bucket.checks >= rt.verify
         bucket.replays += 1
         bucket.live_rows += n
         rt.graph_sizes[n] += 1
         out = rt.outs[n]
         return _copy(out) if rt.copy_outputs else out
+
+    # ------------------------------------------------------------------------------------
+    # buckets and their state
+    # ------------------------------------------------------------------------------------
+    def bucket_for(self, n: int) -> int | None:
+        """The bucket a live batch of ``n`` rows is served by: the smallest bucket that fits,
+        whether its graph serves or its fallback runs; None above the largest bucket (that
+        batch runs eagerly at its own size). ConfigError for ``n < 1``, and above the ladder
+        with ``strict=True`` (such a call would raise)."""
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise ConfigError(f"bucket_for(n): n must be an int batch size, got {n!r}")
+        rt = self._runtime
+        b = rt.bucket_for(n)
+        if b is None and rt.strict:
+            raise ConfigError(
+                f"bucket_for({n}): batch {n} is above the largest bucket ({rt.max_bucket}) and "
+                f"the runner is strict, so such a call raises; add a bucket of at least {n}"
+            )
+        return None if b is None else b.size
+
+    def state(self, bucket: int) -> Any:
+        """The state object of ``bucket`` (built by the ``state=`` factory on first use), the
+        one its graph and its fallback read and write. ConfigError without a factory, or when
+        ``bucket`` is not on the ladder (``bucket_for(n)`` names the bucket of a batch)."""
+        rt = self._runtime
+        assert rt.states is not None
+        if not rt.states.enabled:
+            raise ConfigError("this runner has no per-bucket state; pass GraphRunner(..., state=factory)")
+        if isinstance(bucket, bool) or not isinstance(bucket, int) or bucket < 1:
+            raise ConfigError(f"state(bucket): bucket must be a positive int, got {bucket!r}")
+        if bucket <= rt.max_bucket and bucket not in rt.ladder:
+            raise ConfigError(
+                f"state({bucket}): {bucket} is not a bucket of this runner ({rt.ladder}); "
+                f"runner.bucket_for({bucket}) = {self.bucket_for(bucket)} is the bucket that "
+                f"serves a batch of {bucket}"
+            )
+        return rt.states.get(bucket)
 
     # ------------------------------------------------------------------------------------
     # reports
@@ -380,6 +482,15 @@ class GraphRunner:
     def __repr__(self) -> str:
         return (f"GraphRunner(buckets={self.buckets}, captured={self.captured_buckets}, "
                 f"device={self.device}, compile={self.compile!r})")
+
+
+def _verify_checks(verify: Any) -> int:
+    """``verify=`` as the number of replays per bucket to check (True: 2, False: 0)."""
+    if isinstance(verify, bool):
+        return 2 if verify else 0
+    if not isinstance(verify, int) or verify < 0:
+        raise ConfigError(f"verify must be True, False or a number of checked replays >= 0, got {verify!r}")
+    return verify
 
 
 def _copy(out: Any) -> Any:

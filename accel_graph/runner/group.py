@@ -46,10 +46,18 @@ class GroupInfo:
     device: torch.device
 
     @classmethod
-    def build(cls, group: Any, device: torch.device) -> GroupInfo:
+    def build(cls, group: Any, device: torch.device, capture: str = "eager") -> GroupInfo:
         """Describe ``group`` for a runner on ``device``; ConfigError when torch.distributed is
-        not initialised or ``group`` is not a process group this rank belongs to."""
+        not initialised, ``group`` is not a process group this rank belongs to, or ``capture``
+        is ``"lazy"`` (a bucket captured on its first call would need the ranks to agree inside
+        the serving path; capture every bucket up front instead)."""
         import torch.distributed as dist
+
+        if capture == "lazy":
+            raise ConfigError(
+                "capture='lazy' cannot be combined with process_group=: the ranks agree on each "
+                "bucket at capture, so capture them all up front (capture='eager', the default)"
+            )
 
         if not dist.is_available() or not dist.is_initialized():
             raise ConfigError(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .capture import output_region_bytes
 from .runtime import RunnerRuntime
 
 __all__ = ["MEMORY_SCHEMA", "STATS_SCHEMA", "memory_report", "stats"]
@@ -20,6 +21,8 @@ def memory_report(rt: RunnerRuntime) -> dict[str, Any]:
     reserved = peak = None
     if rt.captured:
         reserved, peak = rt.pool_bytes()
+    out_sum = sum(b.output_bytes or 0 for b in rt.buckets if b.replay is not None)
+    region = output_region_bytes(rt)
     rows = [{
         "bucket": b.size,
         "status": b.status,
@@ -28,6 +31,7 @@ def memory_report(rt: RunnerRuntime) -> dict[str, Any]:
         "incremental_bytes": b.incremental_bytes if b.graph is not None else None,
         "standalone_bytes": b.standalone_bytes,
         "pool_after_capture_bytes": b.pool_after_bytes,
+        "output_bytes": b.output_bytes,
     } for b in rt.buckets]
     return {
         "schema": MEMORY_SCHEMA,
@@ -40,6 +44,12 @@ def memory_report(rt: RunnerRuntime) -> dict[str, Any]:
         "pool_peak_reserved_bytes": peak,
         "memory_budget_bytes": rt.memory_budget,
         "static_input_bytes": sum(s.static.numel() * s.static.element_size() for s in rt.inputs),
+        # Outputs: what each serving bucket's outputs take, their union in memory, and what
+        # sharing saved (0 without share_outputs: each bucket's outputs are its own).
+        "outputs_shared": rt.share_outputs,
+        "output_bytes_per_bucket_sum": out_sum,
+        "output_region_bytes": region,
+        "output_bytes_saved": out_sum - region,
         "buckets": rows,
         "left_out": [b.size for b in rt.buckets if b.status != "captured"],
     }
@@ -52,13 +62,18 @@ def stats(rt: RunnerRuntime) -> dict[str, Any]:
     for b in rt.buckets:
         per.append({"bucket": b.size, "status": b.status, "replays": b.replays,
                     "live_rows": b.live_rows, "padded_rows": b.replays * b.size - b.live_rows,
-                    "verified": b.verified})
+                    "verified": b.verified, "capture_ms": b.capture_ms,
+                    "captured_at_call": b.captured_at_call})
         live += b.live_rows
         padded += b.replays * b.size - b.live_rows
     graph_calls = sum(b.replays for b in rt.buckets)
     return {
         "schema": STATS_SCHEMA,
         "calls": graph_calls + rt.eager_calls,  # served calls (refused ones not counted)
+        "capture_mode": rt.capture_mode,
+        "stale_output_warnings": rt.stale_output_warnings,
+        "capture_seconds": rt.capture_seconds,
+        "captured_buckets": [b.size for b in rt.buckets if b.status == "captured"],
         "graph_calls": graph_calls,
         "eager_calls": rt.eager_calls,
         "eager_fallbacks": [{"reason": r, "count": c} for r, c in rt.fallbacks.most_common()],

@@ -23,6 +23,7 @@ import torch.utils._pytree as pytree
 
 from ..errors import ConfigError
 from .inputs import InputSpec
+from .state import StateTable
 
 if TYPE_CHECKING:
     from ..backends import Backend, DeviceSpec
@@ -37,12 +38,13 @@ class Bucket:
     """One bucket: its graph, static outputs and counters. ``ready`` gates the hot path."""
 
     size: int
-    status: str = "pending"  # pending|captured|failed|over_budget|disabled
+    status: str = "pending"  # pending|captured|failed|over_budget|over_time_budget|disabled
     reason: str | None = None  # why it is not captured, or was disabled
     graph: Graph | None = None
     replay: Callable[[], None] | None = None  # the graph's replay; None: the bucket is not serving
     ready: bool = False  # captured and verified (or verify=False)
-    verified: bool = False  # its first replay was compared with eager
+    verified: bool = False  # a replay of it was compared with eager
+    checks: int = 0  # replays compared with eager and found equal
     out_leaves: list[torch.Tensor] = field(default_factory=list)  # static outputs, flattened
     capture_ms: float | None = None
     incremental_bytes: int | None = None  # what the graph added to the shared pool
@@ -51,6 +53,8 @@ class Bucket:
     replays: int = 0  # graph calls served (stats counter)
     live_rows: int = 0  # rows of real work in those calls (stats counter)
     verify_diff: str | None = None  # the mismatch that disabled it
+    captured_at_call: int | None = None  # calls served before its capture (0: before serving)
+    output_bytes: int | None = None  # bytes of its static outputs
 
 
 @dataclass(eq=False, slots=True)
@@ -91,8 +95,8 @@ class RunnerRuntime:
     device_spec: DeviceSpec
     #: ``compile=`` for every Graph (None or ``"inductor"``).
     compile: str | None
-    #: Compare each bucket's first replay with eager.
-    verify: bool
+    #: Replays per bucket compared with eager (1, 2, 4, ...; 0: none).
+    verify: int
     #: Raise instead of falling back to eager.
     strict: bool
     #: Return copies instead of views into the static outputs.
@@ -105,6 +109,27 @@ class RunnerRuntime:
     pool: object | None = None
     #: The process group the ranks agree over (``process_group=``), or None in one process.
     group: GroupInfo | None = None
+    #: Per-bucket user state (``state=`` factory), passed to ``fn`` as ``state=``.
+    states: StateTable | None = None
+    #: How a bucket that is not serving runs its batches: ``"padded"`` (at the bucket's padded
+    #: shape, with the bucket's state) or ``"live"`` (at the batch's own size).
+    fallback: str = "padded"
+    #: ``"eager"``: ``capture()`` captures every bucket; ``"lazy"``: each bucket is captured on
+    #: its first call.
+    capture_mode: str = "eager"
+    #: Seconds lazy capture may spend in all (None: no limit); buckets not captured when it is
+    #: spent run as fallback.
+    capture_time_budget: float | None = None
+    #: Buckets' outputs share one region, sized by the first bucket captured.
+    share_outputs: bool = False
+    #: The shared output region (the first captured bucket's static outputs, flattened).
+    output_region: list[torch.Tensor] | None = None
+    #: Debug mode: warn when a call's outputs are still referenced at the next call.
+    debug: bool = False
+    #: Weak references to the outputs returned by the last call (debug mode only).
+    last_returned: list[Any] = field(default_factory=list)
+    #: Calls at which outputs of the previous call were still referenced (debug mode).
+    stale_output_warnings: int = 0
 
     #: The largest bucket, ``ladder[-1]`` (a field: the hot path reads it every call).
     max_bucket: int = field(init=False)
@@ -141,6 +166,8 @@ class RunnerRuntime:
     graph_sizes: list[int] = field(init=False)
     #: Live batch size -> eager calls at that size.
     eager_sizes: Counter[int] = field(default_factory=Counter)
+    #: Seconds spent capturing (warm-up and capture of every bucket captured so far).
+    capture_seconds: float = 0.0
 
     def __post_init__(self) -> None:
         self.max_bucket = self.ladder[-1]
@@ -158,6 +185,8 @@ class RunnerRuntime:
         self.hot = [(s.live, [v.shape for v in s.live], s.dtype, s.device) for s in self.inputs]
         self.route = [None] * (self.max_bucket + 1)
         self.graph_sizes = [0] * (self.max_bucket + 1)
+        if self.states is None:
+            self.states = StateTable(None, self.device)
 
     def bucket(self, size: int) -> Bucket:
         """The record of bucket ``size``; ConfigError when it is not on the ladder."""
@@ -167,9 +196,25 @@ class RunnerRuntime:
         raise ConfigError(f"{size} is not a bucket of this runner ({self.ladder})")
 
     def bucket_args(self, size: int) -> tuple[tuple, dict]:
-        """``(args, kwargs)`` for ``fn`` at bucket ``size``: views of the static inputs."""
+        """``(args, kwargs)`` for ``fn`` at bucket ``size``: views of the static inputs, plus
+        ``state=`` the bucket's state when the runner has a state factory."""
         args, kwargs = pytree.tree_unflatten([s.view(size) for s in self.inputs], self.in_spec)
+        assert self.states is not None
+        if self.states.enabled:
+            kwargs = {**kwargs, **self.states.kwargs(size)}
         return args, kwargs
+
+    def bucket_for(self, n: int) -> Bucket | None:
+        """The bucket a live batch of ``n`` rows maps to (the smallest that fits), serving or
+        not; None above the largest bucket."""
+        if n < 1:
+            raise ConfigError(f"batch size must be at least 1, got {n}")
+        if n > self.max_bucket:
+            return None
+        for b in self.buckets:
+            if b.size >= n:
+                return b
+        return None  # unreachable: n <= max_bucket
 
     def pool_bytes(self) -> tuple[int | None, int | None]:
         """(reserved, peak reserved) bytes of the shared pool, where the backend tells."""
@@ -198,6 +243,10 @@ class RunnerRuntime:
         if self.out_spec.num_leaves == 1 and self.out_spec.is_leaf():
             return views[0]
         return pytree.tree_unflatten(views, self.out_spec)
+
+    def calls_served(self) -> int:
+        """Calls served (graph and eager) since construction or the last ``reset_stats()``."""
+        return sum(b.replays for b in self.buckets) + self.eager_calls
 
     def reset_counters(self) -> None:
         """Zero the counters behind ``stats()`` (not the verification state)."""

@@ -1,0 +1,159 @@
+"""Baked host values: Python numbers a captured graph would freeze at their capture-time value.
+
+A graph replays the arguments it recorded. When a function reads a Python number from mutable
+state (``cache.get_seq_length()``, a step counter kept as an int) and passes it to an op (a
+slice bound, a ``fill`` value, a size), the graph keeps the value it had at capture and replays
+it forever: real CUDA graphs do the same, and nothing at capture can tell. Two recordings one
+step apart can: an op whose non-tensor arguments changed between them reads host state.
+
+:func:`find_baked_values` runs the function eagerly ``steps`` times under a dispatch mode that
+logs each aten op with its non-tensor arguments and the user's source line, with an optional
+``advance()`` between runs, and compares the logs op by op.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from .backends.recorder.plan import user_frame
+from .errors import ConfigError
+
+__all__ = ["BakedValue", "OpLog", "ProgramChange", "find_baked_values", "record_ops"]
+
+_TENSOR = "<tensor>"
+
+
+@dataclass(frozen=True)
+class BakedValue:
+    """One op whose Python arguments changed between two recordings of the same step."""
+
+    op: str
+    #: ``name=value`` per changed argument, first recording then later one.
+    changes: tuple[tuple[str, Any, Any], ...]
+    location: str
+    #: Index of the op in the recording (its position in the program).
+    index: int
+
+    @property
+    def reason(self) -> str:
+        parts = ", ".join(f"{name} was {a!r} then {b!r}" for name, a, b in self.changes)
+        return (f"a Python value read at capture time changed between steps ({parts}); a graph "
+                f"would replay the first value forever. Keep it in a tensor (e.g. a position "
+                f"tensor input) or compute it from tensors on the device")
+
+
+@dataclass(frozen=True)
+class ProgramChange:
+    """The op sequence itself differed between recordings (host-dependent control flow)."""
+
+    index: int
+    first: str
+    later: str
+    location: str
+
+    @property
+    def reason(self) -> str:
+        return (f"the recorded program changed between steps at op {self.index} ({self.first} "
+                f"then {self.later}): Python control flow depends on host state, so a graph "
+                f"would replay the first step's path")
+
+
+def _constants(func: Any, args: tuple, kwargs: dict) -> tuple[tuple[str, Any], ...]:
+    """``(argument name, value)`` of the op's arguments with tensors replaced by a marker:
+    what a graph would freeze."""
+    out = []
+    schema_args = func._schema.arguments
+    for i, value in enumerate(args):
+        name = schema_args[i].name if i < len(schema_args) else f"arg{i}"
+        out.append((name, _frozen(value)))
+    for name, value in kwargs.items():
+        out.append((name, _frozen(value)))
+    return tuple(out)
+
+
+def _frozen(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return _TENSOR
+    if isinstance(x, (list, tuple)):
+        return tuple(_frozen(y) for y in x)
+    if isinstance(x, torch.Generator):
+        return "<generator>"
+    return x
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal as a graph would see them (NaN equals NaN; nested tuples compared per item)."""
+    if isinstance(a, tuple) and isinstance(b, tuple):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, float) and isinstance(b, float) and a != a and b != b:
+        return True
+    return type(a) is type(b) and a == b
+
+
+class OpLog(TorchDispatchMode):
+    """Logs every aten op with its non-tensor arguments and the user's source line."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[tuple[str, tuple[tuple[str, Any], ...], str]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: D401
+        kwargs = kwargs or {}
+        self.ops.append((str(func), _constants(func, args, kwargs), user_frame()))
+        return func(*args, **kwargs)
+
+
+def record_ops(fn: Callable[..., Any], args: tuple, kwargs: dict) -> tuple[list, Any]:
+    """Run ``fn`` once eagerly under ``no_grad`` and return (its op log, its result)."""
+    log = OpLog()
+    with torch.no_grad(), log:
+        result = fn(*args, **kwargs)
+    return log.ops, result
+
+
+def find_baked_values(fn: Callable[..., Any], args: tuple, kwargs: dict, *, steps: int,
+                      advance: Callable[[], Any] | None = None,
+                      first: tuple[list, Any] | None = None) -> tuple[list[Any], Any]:
+    """Run ``fn`` ``steps`` times (``advance()`` between runs) and return (what changed, the
+    last result). What changed: a :class:`BakedValue` per op whose Python arguments differ from
+    the first run's, or one :class:`ProgramChange` where the op sequences part. ``first``: the
+    first run's (op log, result) when the caller made it already (under an :class:`OpLog`).
+
+    Each run is a real eager step: its side effects (a KV cache written, a counter advanced)
+    are the point, since they are what moves the host state a graph would have frozen.
+    """
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 2:
+        raise ConfigError(
+            f"steps={steps!r}: the baked-value check compares recordings of at least 2 steps; "
+            f"pass steps=2 (or more)"
+        )
+    if advance is not None and not callable(advance):
+        raise ConfigError(f"advance must be a callable run between steps, got {type(advance).__name__}")
+    first, result = first if first is not None else record_ops(fn, args, kwargs)
+    found: list[Any] = []
+    flagged: set[int] = set()
+    for _ in range(steps - 1):
+        if advance is not None:
+            advance()
+        later, result = record_ops(fn, args, kwargs)
+        for i, (a, b) in enumerate(zip(first, later)):
+            if a[0] != b[0]:
+                found.append(ProgramChange(i, a[0], b[0], b[2]))
+                return found, result
+            if not _same(a[1], b[1]) and i not in flagged:
+                flagged.add(i)
+                changes = tuple((na, va, vb) for (na, va), (_, vb) in zip(a[1], b[1]) if not _same(va, vb))
+                found.append(BakedValue(a[0], changes, b[2], i))
+        if len(first) != len(later):
+            i = min(len(first), len(later))
+            a_op = first[i][0] if i < len(first) else "<end>"
+            b_op = later[i][0] if i < len(later) else "<end>"
+            loc = later[i][2] if i < len(later) else first[i][2]
+            found.append(ProgramChange(i, a_op, b_op, loc))
+            return found, result
+    return found, result
