@@ -93,8 +93,7 @@ class GraphRunner:
         copy_outputs: return copies instead of views into the graphs' static outputs (which the
             next call of the same bucket overwrites).
         progress: show a progress bar during capture; None: only when stderr is a terminal.
-        process_group: the ``torch.distributed`` group when ``fn`` is one rank's share of a
-            distributed step: the ranks agree on every bucket (:mod:`accel_graph.runner.group`).
+        process_group: ``fn`` is one rank's share of a step: the ranks agree (:mod:`.group`).
         state: a factory ``state(bucket_size) -> object`` building per-bucket state (a static KV
             cache, attention-metadata buffers); ``fn`` receives it as the keyword ``state=``
             in warm-up, capture, verification and fallback at that bucket, and
