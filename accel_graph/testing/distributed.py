@@ -46,11 +46,15 @@ def free_port() -> int:
 
 
 def _worker(rank: int, world_size: int, port: int, backend: str, pg_timeout: float,
-            fn: Callable[..., Any], args: tuple, results: Any) -> None:
+            num_threads: int | None, fn: Callable[..., Any], args: tuple, results: Any) -> None:
     """One rank: join the group, run ``fn``, report ``(rank, ok, result or traceback)``."""
+    import torch
     import torch.distributed as dist
 
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    if os.path.exists("/sys/class/net/lo"):  # gloo over loopback only (Linux name)
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    if num_threads is not None:
+        torch.set_num_threads(num_threads)
     try:
         dist.init_process_group(
             backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
@@ -67,7 +71,8 @@ def _worker(rank: int, world_size: int, port: int, backend: str, pg_timeout: flo
 
 
 def run_ranks(fn: Callable[..., Any], world_size: int = 2, *, args: tuple = (),
-              timeout: float = 120.0, pg_timeout: float = 20.0, backend: str = "gloo") -> list[Any]:
+              timeout: float = 120.0, pg_timeout: float = 20.0, backend: str = "gloo",
+              num_threads: int | None = 0) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` spawned processes in one process
     group and return the results, indexed by rank.
 
@@ -80,6 +85,9 @@ def run_ranks(fn: Callable[..., Any], world_size: int = 2, *, args: tuple = (),
         pg_timeout: the process group's timeout in seconds: a collective waiting for a rank
             that never comes fails after this long.
         backend: the ``torch.distributed`` backend (``gloo`` on the CPU).
+        num_threads: ``torch.set_num_threads`` in each rank; ``0`` (the default) shares the
+            CPUs out, ``os.cpu_count() // world_size`` each (at least 1), so ranks do not
+            oversubscribe the machine; ``None`` leaves torch's default.
 
     Raises:
         ConfigError: a bad ``world_size``, ``timeout`` or ``pg_timeout``.
@@ -88,6 +96,10 @@ def run_ranks(fn: Callable[..., Any], world_size: int = 2, *, args: tuple = (),
     """
     if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
         raise ConfigError(f"world_size must be a positive int, got {world_size!r}")
+    if num_threads is not None and (not isinstance(num_threads, int) or num_threads < 0):
+        raise ConfigError(f"num_threads must be None or an int >= 0, got {num_threads!r}")
+    if num_threads == 0:
+        num_threads = max(1, (os.cpu_count() or 1) // world_size)
     if not (timeout > 0 and pg_timeout > 0):
         raise ConfigError(f"timeout ({timeout!r}) and pg_timeout ({pg_timeout!r}) must be > 0 seconds")
     import torch.multiprocessing as mp
@@ -96,7 +108,8 @@ def run_ranks(fn: Callable[..., Any], world_size: int = 2, *, args: tuple = (),
     results = ctx.Queue()
     port = free_port()
     procs = [
-        ctx.Process(target=_worker, args=(r, world_size, port, backend, pg_timeout, fn, args, results),
+        ctx.Process(target=_worker, args=(r, world_size, port, backend, pg_timeout, num_threads, fn, args,
+                                          results),
                     daemon=True, name=f"accel-graph-rank{r}")
         for r in range(world_size)
     ]

@@ -82,3 +82,22 @@ def test_check_capturable_rules_know_collectives():
     assert illegal_reason(c10d.alltoall_base_.default, (), {}) is None
     assert "barrier" in illegal_reason(c10d.barrier.default, (), {})
     assert "point-to-point" in illegal_reason(c10d.send.default, (), {})
+
+
+def test_a_collective_on_an_unknown_group_is_refused_at_the_op():
+    """A functional collective naming a group that does not exist (here: no process group at
+    all) fails at the op with CaptureError, and the capture is over, as for any refused op."""
+    import accel_graph
+    from accel_graph.errors import CaptureError
+
+    if dist.is_initialized():
+        pytest.skip("a process group is initialized in this process")
+    x = torch.ones(4)
+    g = accel_graph.Graph()
+    with pytest.raises(CaptureError, match="process group cannot be resolved"):
+        with accel_graph.graph(g):
+            F.all_reduce(x, "sum", "no-such-group")
+    with accel_graph.graph(g):  # the graph is empty and reusable
+        y = x * 2
+    g.replay()
+    assert torch.equal(y, x * 2)

@@ -148,7 +148,18 @@ def _job_capture_replay(rank: int, world: int) -> dict:
         expect = step(x)
         if not torch.equal(out, expect):
             problems.append(f"rank {rank} step replay {i}: differs from eager")
-    return {"problems": problems, "num_ops": g.num_ops if hasattr(g, "num_ops") else None}
+    # Repeated captures of dist.all_reduce do not grow the process-wide plan cache (its reduce
+    # op arrives as a fresh script object on every call).
+    from accel_graph.backends.recorder import plan
+
+    y = torch.ones(4)
+    sizes = []
+    for _ in range(5):
+        g = accel_graph.Graph()
+        with accel_graph.graph(g):
+            dist.all_reduce(y)
+        sizes.append(len(plan._PLANS))
+    return {"problems": problems, "threads": torch.get_num_threads(), "plan_sizes": sizes}
 
 
 def _refusal(fn) -> str:
@@ -332,6 +343,27 @@ def _part(reports: list[dict], name: str) -> list[dict]:
 def test_collectives_capture_and_replay_equal_eager(reports):
     problems = [p for r in _part(reports, "replay") for p in r["problems"]]
     assert problems == []
+
+
+def test_repeated_captures_of_c10d_collectives_do_not_grow_the_plan_cache(reports):
+    for r in _part(reports, "replay"):
+        assert len(set(r["plan_sizes"])) == 1, r["plan_sizes"]
+
+
+def test_run_ranks_shares_the_cpus_out(reports):
+    import os
+
+    assert [r["threads"] for r in _part(reports, "replay")] == [max(1, (os.cpu_count() or 1) // 2)] * 2
+
+
+def test_run_ranks_refuses_bad_arguments():
+    from accel_graph.errors import ConfigError
+
+    for bad in ({"world_size": 0}, {"world_size": True}, {"timeout": 0}, {"pg_timeout": -1},
+                {"num_threads": -2}):
+        kwargs = {"world_size": 2, **bad}
+        with pytest.raises(ConfigError):
+            run_ranks(_job_fails_on_rank1, kwargs.pop("world_size"), **kwargs)
 
 
 def test_unreplayable_distributed_calls_are_refused_by_name(reports):

@@ -188,7 +188,13 @@ def check_call(func: OpOverload, args: tuple, kwargs: dict, groups_at_begin: fro
         )
     if role(func) == IDENTITY:
         return
-    group = group_of(func, args, kwargs)
+    try:
+        group = group_of(func, args, kwargs)
+    except Exception as exc:  # a group name of no group, a destroyed group, no init
+        raise CaptureError(
+            f"{func} at {where}: its process group cannot be resolved ({exc}). Initialize "
+            f"torch.distributed and create the group, on every rank, before capture."
+        ) from exc
     if group.group_name not in groups_at_begin:
         raise CaptureError(
             f"{func} at {where} runs on process group {group.group_name!r}, which did not exist "

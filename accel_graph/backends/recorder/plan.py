@@ -197,7 +197,12 @@ def plan_for(func: OpOverload, args: tuple, kwargs: dict) -> Plan | None:
         return plan
     if collectives.is_collective(func):
         plan = _plan_collective(func, args, kwargs, key)
-        if key is not None:
+        # Only functional collectives are cached: the c10d ops' arguments include script
+        # objects made afresh on every call (the reduce op), which would never hit and would
+        # keep each one alive; their plan costs nothing to make again.
+        if key is not None and collectives.role(func) == collectives.ISSUE:
+            if len(_PLANS) >= _CACHE_MAX:
+                _PLANS.clear()
             _PLANS[key] = plan
         return plan
     reason = opinfo.illegal_reason(func, args, kwargs)
