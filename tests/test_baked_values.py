@@ -102,8 +102,13 @@ def test_gemma2_bakes_a_cache_length_and_llama_does_not() -> None:
     """transformers 5.x Gemma2 reads sequence lengths from its cache as Python ints (the issue's
     case); Llama with the same cache keeps them in tensors."""
     pytest.importorskip("transformers", reason="transformers is a test dependency (pyproject [test])")
-    from transformers import (Gemma2Config, Gemma2ForCausalLM, LlamaConfig, LlamaForCausalLM,
-                              StaticCache)
+    from transformers import (
+        Gemma2Config,
+        Gemma2ForCausalLM,
+        LlamaConfig,
+        LlamaForCausalLM,
+        StaticCache,
+    )
 
     common = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                   num_attention_heads=2, num_key_value_heads=1)
@@ -117,11 +122,11 @@ def test_gemma2_bakes_a_cache_length_and_llama_does_not() -> None:
             model(torch.randint(0, 64, (2, 5)), cache=cache, cache_position=torch.arange(5))
         pos = torch.tensor([5])
 
-        def step(ids: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
+        def step(ids: torch.Tensor, cache_position: torch.Tensor, model=model, cache=cache) -> torch.Tensor:
             return model(input_ids=ids, cache=cache, cache_position=cache_position).logits
 
         rep = check_capturable(step, torch.zeros(2, 1, dtype=torch.long), pos, steps=2,
-                               advance=lambda: pos.add_(1))
+                               advance=lambda pos=pos: pos.add_(1))
         baked = [f for f in rep.findings if f.level == "baked"]
         assert bool(baked) is bakes, (model_cls.__name__, rep.format())
         if bakes:
