@@ -9,9 +9,10 @@ collectives and hang until the group's timeout. So the ranks agree, by one small
 each point where a rank may decide alone:
 
 - at the start of capture, on the setup (the ladder and ``verify``): :func:`check_same_setup`;
-- after each bucket's capture, and after its first-replay verification: :func:`exchange`
-  gathers one code per rank (0 ok, 1 this bucket cannot serve here, 2 this rank raised), so
-  every rank sees the same list and disables (or raises) together.
+- after each bucket's capture, and after each of its checked replays (``verify``: replays 1,
+  2, 4, ..., the same ones on every rank): :func:`exchange` gathers one code per rank (0 ok,
+  1 this bucket cannot serve here, 2 this rank raised), so every rank sees the same list and
+  disables (or raises) together. ``capture="lazy"`` is refused (:meth:`GroupInfo.build`).
 
 Which bucket serves a batch is then a pure function of the batch size and the agreed ladder,
 the same on every rank, as long as every rank is called with the same batch sizes in the same
