@@ -71,12 +71,12 @@ class DecoderConfig:
         return asdict(self)
 
 
-def _rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """RMSNorm over the last dimension; ``eps`` is a Python float (a scalar, not a tensor)."""
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
 
 
-def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Rotary embedding, half-split convention: x is [B, H, D], cos/sin are [B, 1, D/2]."""
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
@@ -108,11 +108,11 @@ class _Layer(nn.Module):
     ) -> Tensor:
         b = x.shape[0]
         q, k, v = (
-            F.linear(_rms_norm(x, self.attn_norm, self.eps), self.wqkv)
+            F.linear(rms_norm(x, self.attn_norm, self.eps), self.wqkv)
             .view(b, 3, self.n_heads, self.head_dim)
             .unbind(1)
         )
-        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         k_cache, v_cache = self.k_cache[:b], self.v_cache[:b]
         # In-place write of this step's key/value at (row, :, position[row]); the indices are
         # int64 tensors, so the write is a static-shape index_put_ (legal under capture).
@@ -123,7 +123,7 @@ class _Layer(nn.Module):
         probs = torch.softmax(scores.masked_fill_(masked, float("-inf")), dim=-1)
         attn = torch.matmul(probs, v_cache).reshape(b, -1)
         x = x + F.linear(attn, self.wo)
-        gate, up = F.linear(_rms_norm(x, self.mlp_norm, self.eps), self.w_gate_up).chunk(2, dim=-1)
+        gate, up = F.linear(rms_norm(x, self.mlp_norm, self.eps), self.w_gate_up).chunk(2, dim=-1)
         return x + F.linear(F.silu(gate) * up, self.w_down)
 
 
@@ -192,7 +192,7 @@ class Decoder(nn.Module):
         rows = self.row_index[:b]
         for layer in self.layers:
             x = layer(x, cos, sin, rows, positions, masked)
-        return F.linear(_rms_norm(x, self.final_norm, self.eps), self.lm_head)
+        return F.linear(rms_norm(x, self.final_norm, self.eps), self.lm_head)
 
     def decode_steps(self, tokens: Tensor, positions: Tensor, *, steps: int,
                      eos_id: int | None = None) -> tuple[Tensor, Tensor]:

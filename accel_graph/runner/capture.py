@@ -17,6 +17,7 @@ import torch.utils._pytree as pytree
 
 from ..errors import AccelGraphError, CaptureError, ConfigError, OutOfMemoryError
 from ..frontend import Graph, graph
+from .group import CODE_FAILED, CODE_OK, CODE_RAISED, check_same_setup, exchange
 from .runtime import Bucket, RunnerRuntime
 from .state import state_tensors
 from .support import broadcast_outputs, progress_bar, reason_of
@@ -51,13 +52,21 @@ def capture_buckets(rt: RunnerRuntime) -> None:
         rt.captured = True
         rt.build_routes()
         return
+    if rt.group is not None:
+        check_same_setup(rt.group, rt.ladder, rt.verify)
+    strict = rt.strict
+    # With a process group a rank must not raise alone (the others would wait in their next
+    # collective): strict raises after the ranks agree, on every rank (_capture_agreed).
+    rt.strict = strict and rt.group is None
     bar = progress_bar(len(rt.buckets), rt.progress)
     try:
         with _gc_off():
             for bucket in reversed(rt.buckets):  # largest first: smaller ones reuse its memory
                 if bar is not None:
                     bar.set_postfix_str(f"bucket {bucket.size}")
-                if not _over_time_budget(rt, bucket):
+                if rt.group is not None:
+                    _capture_agreed(rt, bucket, strict)
+                elif not _over_time_budget(rt, bucket):
                     _capture_one(rt, bucket)
                 if bar is not None:
                     reserved, _ = rt.pool_bytes()
@@ -65,6 +74,7 @@ def capture_buckets(rt: RunnerRuntime) -> None:
                     bar.set_postfix_str(f"bucket {bucket.size} | pool {mib} MiB")
                     bar.update(1)
     finally:
+        rt.strict = strict
         if bar is not None:
             bar.close()
         rt.captured = True
@@ -259,6 +269,44 @@ def output_region_bytes(rt: RunnerRuntime) -> int:
             total += hi - end
             end = hi
     return total
+
+
+def _capture_agreed(rt: RunnerRuntime, bucket: Bucket, strict: bool) -> None:
+    """:func:`_capture_one` on one rank of ``rt.group``, then agree with the other ranks: a
+    bucket that any rank cannot serve is disabled on every rank (with ``strict``, every rank
+    raises CaptureError), and when any rank raised, every rank raises."""
+    assert rt.group is not None
+    try:
+        if not _over_time_budget(rt, bucket):  # the clocks differ: agreed below like a failure
+            _capture_one(rt, bucket)
+    except Exception:
+        exchange(rt.group, CODE_RAISED)  # tell the others before leaving, so none waits
+        raise
+    codes = exchange(rt.group, CODE_OK if bucket.status == "captured" else CODE_FAILED)
+    raised = [r for r, c in enumerate(codes) if c == CODE_RAISED]
+    if raised:
+        raise AccelGraphError(
+            f"GraphRunner capture stopped on rank {rt.group.rank}: rank(s) {raised} raised while "
+            f"capturing bucket {bucket.size} (their logs have the error); every rank stops, so "
+            f"none waits on the others' collectives"
+        )
+    failed = [r for r, c in enumerate(codes) if c != CODE_OK]
+    if not failed:
+        return
+    if bucket.status == "captured":  # this rank could serve it; another could not
+        g = bucket.graph
+        # Outputs that became the shared region (share_outputs) stay: smaller buckets write
+        # there. Otherwise the graph is reset and its pool memory goes back.
+        owns_region = rt.output_region is not None and rt.output_region is bucket.out_leaves
+        disable_bucket(rt, bucket, "disabled",
+                       f"disabled on every rank: rank(s) {failed} could not capture it", None)
+        if g is not None and not owns_region:
+            g.reset()
+            bucket.graph = None
+    else:
+        bucket.reason = f"{bucket.reason} (rank(s) {failed}; disabled on every rank)"
+    if strict:
+        raise CaptureError(f"GraphRunner bucket {bucket.size} on rank {rt.group.rank}: {bucket.reason}")
 
 
 def _check_outputs(rt: RunnerRuntime, out: Any, b: int) -> None:

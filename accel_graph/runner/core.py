@@ -28,6 +28,7 @@ from .buckets import default_ladder, validate_ladder
 from .capture import capture_buckets, capture_lazily, disable_bucket
 from .debug import debug_call
 from .fallback import FALLBACKS, load_static, narrow_outputs, run_eagerly
+from .group import GroupInfo
 from .inputs import InputSpec, broadcast, leaf_names
 from .reports import memory_report, stats
 from .runtime import Bucket, RunnerRuntime
@@ -92,6 +93,7 @@ class GraphRunner:
         copy_outputs: return copies instead of views into the graphs' static outputs (which the
             next call of the same bucket overwrites).
         progress: show a progress bar during capture; None: only when stderr is a terminal.
+        process_group: ``fn`` is one rank's share of a step: the ranks agree (:mod:`.group`).
         state: a factory ``state(bucket_size) -> object`` building per-bucket state (a static KV
             cache, attention-metadata buffers); ``fn`` receives it as the keyword ``state=``
             in warm-up, capture, verification and fallback at that bucket, and
@@ -143,6 +145,7 @@ class GraphRunner:
         memory_budget: int | None = None,
         copy_outputs: bool = False,
         progress: bool | None = None,
+        process_group: Any = None,
         state: Callable[[int], Any] | None = None,
         fallback: str = "padded",
         capture: str = "eager",
@@ -219,6 +222,7 @@ class GraphRunner:
             memory_budget=memory_budget,
             progress=progress,
             pool=pool,
+            group=None if process_group is None else GroupInfo.build(process_group, dev, capture),
             states=StateTable(state, dev),
             fallback=fallback,
             capture_mode=capture,
@@ -391,7 +395,7 @@ class GraphRunner:
         assert bucket.replay is not None
         bucket.replay()
         actual = pytree.tree_unflatten(bucket.out_leaves, rt.out_spec)
-        diff = compare(actual, expected)
+        diff = compare(actual, expected, rt.group)  # with a group: agreed by every rank
         bucket.verified = True
         if diff is not None:
             undo.reapply()  # keep eager's side effects: its result is the one returned

@@ -28,6 +28,7 @@ from .state import StateTable
 if TYPE_CHECKING:
     from ..backends import Backend, DeviceSpec
     from ..frontend import Graph
+    from .group import GroupInfo
 
 __all__ = ["Bucket", "RunnerRuntime"]
 
@@ -60,7 +61,7 @@ class Bucket:
 class RunnerRuntime:
     """The state of one GraphRunner; every field is public and documented.
 
-    Given at construction: ``fn`` .. ``pool`` (``pool`` is filled by capture when None; the
+    Given at construction: ``fn`` .. ``group`` (``pool`` is filled by capture when None; the
     behaviour flags ``verify`` .. ``progress`` may be changed later). Derived at construction:
     ``max_bucket``, ``buckets``, ``n_leaves``, ``lead``, ``lead_dim``, ``batched``, ``hot``.
     Filled by capture: ``captured``, ``route``, ``outs``, ``out_spec``, ``out_dims`` and the
@@ -106,6 +107,8 @@ class RunnerRuntime:
     progress: bool | None
     #: The shared pool handle; the one given, else created by capture.
     pool: object | None = None
+    #: The process group the ranks agree over (``process_group=``), or None in one process.
+    group: GroupInfo | None = None
     #: Per-bucket user state (``state=`` factory), passed to ``fn`` as ``state=``.
     states: StateTable | None = None
     #: How a bucket that is not serving runs its batches: ``"padded"`` (at the bucket's padded

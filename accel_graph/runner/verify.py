@@ -16,6 +16,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
 from ..tolerances import assert_close_for_dtype
+from .group import GroupInfo, agreed_diff
 
 __all__ = ["UndoLog", "compare"]
 
@@ -67,10 +68,15 @@ class UndoLog(TorchDispatchMode):
             t.copy_(after)
 
 
-def compare(actual: Any, expected: Any) -> str | None:
-    """None when ``actual`` is within the per-dtype tolerances of ``expected``, else why not."""
+def compare(actual: Any, expected: Any, group: GroupInfo | None = None) -> str | None:
+    """None when ``actual`` is within the per-dtype tolerances of ``expected``, else why not.
+
+    With a ``group`` (a runner with ``process_group=``) the verdict is agreed over it
+    (:func:`~accel_graph.runner.group.agreed_diff`, a collective): a mismatch on any rank is a
+    mismatch on every rank, so every rank disables the bucket together."""
     try:
         assert_close_for_dtype(actual, expected, msg="replay vs eager")
+        diff = None
     except AssertionError as exc:
-        return str(exc)
-    return None
+        diff = str(exc)
+    return diff if group is None else agreed_diff(group, diff)
