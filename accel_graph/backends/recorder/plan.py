@@ -231,7 +231,10 @@ def plan_for(func: OpOverload, args: tuple, kwargs: dict) -> Plan | None:
     return plan
 
 
-def _plan_functional(func: OpOverload, args: tuple, kwargs: dict, key: Any) -> Plan:
+def _plan_functional(func: OpOverload, args: tuple, kwargs: dict, key: Any,
+                     real_check: bool = True) -> Plan:
+    """``real_check=False``: trust the meta kernel (collectives: running one on stand-ins
+    would issue it for real, on this rank alone)."""
     meta = _run_meta(func, args, kwargs, key)
     flat_meta, _ = tree_flatten(meta.out)
     if flat_meta and all(a is not None for a in meta.aliases):
@@ -245,7 +248,7 @@ def _plan_functional(func: OpOverload, args: tuple, kwargs: dict, key: Any) -> P
     strategy = opinfo.choose_strategy(func, args, kwargs)
     out = meta.out
     layout = _input_layout(func, args)
-    checked = strategy.kind in ("out", "compute") and not meta.real
+    checked = real_check and strategy.kind in ("out", "compute") and not meta.real
     if checked:
         # The kernel that will run decides the outputs, not the meta kernel (validate.py).
         real = validate.real_run(func, args, kwargs)
@@ -301,7 +304,8 @@ def _plan_collective(func: OpOverload, args: tuple, kwargs: dict, key: Any) -> P
         )
     role = collectives.role(func)
     if role == collectives.ISSUE:
-        plan = _plan_functional(func, args, kwargs, key)  # outputs from the pool, as functional
+        # Outputs from the pool, as a functional op's; never run on stand-ins (validate.py).
+        plan = _plan_functional(func, args, kwargs, key, real_check=False)
         if plan.kind is not FUNCTIONAL:  # pragma: no cover - collectives return new tensors
             raise CaptureError(f"{func} returned a view of its input; cannot capture it")
     else:
