@@ -279,7 +279,7 @@ class _Recurrent(nn.Module):
 @pytest.mark.parametrize(
     "kind",
     [
-        pytest.param("LSTM", marks=pytest.mark.xfail(reason="needs wt-ops LSTM fix", strict=False)),
+        "LSTM",
         "GRU",
         "RNN",
         "LSTMCell",
