@@ -106,25 +106,37 @@ class _Layer(nn.Module):
     def forward(
         self, x: Tensor, cos: Tensor, sin: Tensor, rows: Tensor, positions: Tensor, masked: Tensor
     ) -> Tensor:
-        b = x.shape[0]
-        q, k, v = (
-            F.linear(rms_norm(x, self.attn_norm, self.eps), self.wqkv)
-            .view(b, 3, self.n_heads, self.head_dim)
-            .unbind(1)
-        )
-        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
-        k_cache, v_cache = self.k_cache[:b], self.v_cache[:b]
-        # In-place write of this step's key/value at (row, :, position[row]); the indices are
-        # int64 tensors, so the write is a static-shape index_put_ (legal under capture).
-        k_cache[rows, :, positions] = k
-        v_cache[rows, :, positions] = v
-        scores = torch.matmul(q.unsqueeze(2), k_cache.transpose(-1, -2)) * self.scale
-        # In place on the fresh scores: the functional masked_fill would clone them first.
-        probs = torch.softmax(scores.masked_fill_(masked, float("-inf")), dim=-1)
-        attn = torch.matmul(probs, v_cache).reshape(b, -1)
-        x = x + F.linear(attn, self.wo)
-        gate, up = F.linear(rms_norm(x, self.mlp_norm, self.eps), self.w_gate_up).chunk(2, dim=-1)
-        return x + F.linear(F.silu(gate) * up, self.w_down)
+        return block_forward(self, x, cos, sin, rows, positions, masked)
+
+
+def block_forward(layer: nn.Module, x: Tensor, cos: Tensor, sin: Tensor, rows: Tensor,
+                  positions: Tensor, masked: Tensor,
+                  reduce: Callable[[Tensor], Tensor] | None = None) -> Tensor:
+    """One decoder block on ``layer``'s weights and KV cache (attention, then the gated MLP).
+
+    ``reduce`` (tensor parallelism, :mod:`.tp_decoder`) all-reduces the attention output and
+    the MLP output of a rank's shard; None for the single-process block.
+    """
+    b = x.shape[0]
+    q, k, v = (
+        F.linear(rms_norm(x, layer.attn_norm, layer.eps), layer.wqkv)
+        .view(b, 3, layer.n_heads, layer.head_dim)
+        .unbind(1)
+    )
+    q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+    k_cache, v_cache = layer.k_cache[:b], layer.v_cache[:b]
+    # In-place write of this step's key/value at (row, :, position[row]); the indices are
+    # int64 tensors, so the write is a static-shape index_put_ (legal under capture).
+    k_cache[rows, :, positions] = k
+    v_cache[rows, :, positions] = v
+    scores = torch.matmul(q.unsqueeze(2), k_cache.transpose(-1, -2)) * layer.scale
+    # In place on the fresh scores: the functional masked_fill would clone them first.
+    probs = torch.softmax(scores.masked_fill_(masked, float("-inf")), dim=-1)
+    attn = F.linear(torch.matmul(probs, v_cache).reshape(b, -1), layer.wo)
+    x = x + (attn if reduce is None else reduce(attn))
+    gate, up = F.linear(rms_norm(x, layer.mlp_norm, layer.eps), layer.w_gate_up).chunk(2, dim=-1)
+    mlp = F.linear(F.silu(gate) * up, layer.w_down)
+    return x + (mlp if reduce is None else reduce(mlp))
 
 
 class Decoder(nn.Module):

@@ -28,11 +28,10 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..errors import ConfigError
-from .decoder import Decoder, DecoderConfig, rms_norm, rotate
+from .decoder import Decoder, DecoderConfig, block_forward
 
 __all__ = ["COLLECTIVES", "TPDecoder", "shard_state"]
 
@@ -112,10 +111,9 @@ def _reducer(collective: str, group: Any) -> Callable[[Tensor], Tensor]:
 
 
 class _TPLayer(nn.Module):
-    """One decoder block holding this rank's shard: same interface and the same ops as the
-    single-process block (``decoder._Layer``; kept in step with it by hand, since that block's
-    hot path should not pay for a reduce hook), with an all-reduce after attention and after
-    the MLP."""
+    """One decoder block holding this rank's shard: the single-process block's ops
+    (:func:`~accel_graph.models.decoder.block_forward`) with an all-reduce after attention and
+    after the MLP."""
 
     def __init__(self, cfg: DecoderConfig, world: int, reduce: Callable[[Tensor], Tensor]) -> None:
         super().__init__()
@@ -139,22 +137,7 @@ class _TPLayer(nn.Module):
     def forward(
         self, x: Tensor, cos: Tensor, sin: Tensor, rows: Tensor, positions: Tensor, masked: Tensor
     ) -> Tensor:
-        b = x.shape[0]
-        q, k, v = (
-            F.linear(rms_norm(x, self.attn_norm, self.eps), self.wqkv)
-            .view(b, 3, self.n_heads, self.head_dim)
-            .unbind(1)
-        )
-        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
-        k_cache, v_cache = self.k_cache[:b], self.v_cache[:b]
-        k_cache[rows, :, positions] = k
-        v_cache[rows, :, positions] = v
-        scores = torch.matmul(q.unsqueeze(2), k_cache.transpose(-1, -2)) * self.scale
-        probs = torch.softmax(scores.masked_fill_(masked, float("-inf")), dim=-1)
-        attn = torch.matmul(probs, v_cache).reshape(b, -1)
-        x = x + self.reduce(F.linear(attn, self.wo))
-        gate, up = F.linear(rms_norm(x, self.mlp_norm, self.eps), self.w_gate_up).chunk(2, dim=-1)
-        return x + self.reduce(F.linear(F.silu(gate) * up, self.w_down))
+        return block_forward(self, x, cos, sin, rows, positions, masked, self.reduce)
 
 
 class TPDecoder(Decoder):

@@ -6,10 +6,8 @@ shared pool, the memory budget, and the per-batch-size routes the hot path reads
 from __future__ import annotations
 
 import contextlib
-import gc
 import logging
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -17,6 +15,7 @@ import torch.utils._pytree as pytree
 
 from ..errors import AccelGraphError, CaptureError, ConfigError, OutOfMemoryError
 from ..frontend import Graph, graph
+from ..gc_pause import gc_paused
 from .group import CODE_FAILED, CODE_OK, CODE_RAISED, check_same_setup, exchange
 from .runtime import Bucket, RunnerRuntime
 from .state import state_tensors
@@ -60,7 +59,7 @@ def capture_buckets(rt: RunnerRuntime) -> None:
     rt.strict = strict and rt.group is None
     bar = progress_bar(len(rt.buckets), rt.progress)
     try:
-        with _gc_off():
+        with gc_paused():
             for bucket in reversed(rt.buckets):  # largest first: smaller ones reuse its memory
                 if bar is not None:
                     bar.set_postfix_str(f"bucket {bucket.size}")
@@ -101,7 +100,7 @@ def capture_lazily(rt: RunnerRuntime, bucket: Bucket) -> None:
         if rt.pool is None:
             rt.pool = rt.backend.graph_pool_handle(rt.device_spec)
         if not _over_time_budget(rt, bucket):
-            with _gc_off():
+            with gc_paused():
                 _capture_one(rt, bucket, undo_warmup=True)
     finally:
         rt.captured = True
@@ -117,21 +116,6 @@ def _over_time_budget(rt: RunnerRuntime, bucket: Bucket) -> bool:
                    f"left out by capture_time_budget={budget} s: {rt.capture_seconds:.2f} s "
                    f"already spent capturing", None, raise_strict=False)
     return True
-
-
-@contextlib.contextmanager
-def _gc_off() -> Iterator[None]:
-    """GC off during capture (vLLM and SGLang freeze it): a collection mid-capture costs time
-    and can run finalizers of tensors in the middle of a capture. No gc.collect() first: with
-    torch imported one full collection takes ~0.5 s on a 2-core CPU, longer than capturing a
-    small ladder."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def _capture_one(rt: RunnerRuntime, bucket: Bucket, undo_warmup: bool = False) -> None:

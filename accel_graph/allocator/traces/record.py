@@ -15,14 +15,13 @@ no address); ``time_us`` is -1 when the recording had no timestamps.
 from __future__ import annotations
 
 import contextlib
-import gc
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 
 from ...errors import TraceFormatError
+from ...gc_pause import gc_paused
 
 __all__ = [
     "COMPACT_MAGIC",
@@ -135,18 +134,11 @@ def show(value: int) -> str:
     return f"{'-' if value < 0 else ''}<an integer of {value.bit_length()} bits>"
 
 
-@contextlib.contextmanager
-def bulk_objects() -> Iterator[None]:
+def bulk_objects() -> contextlib.AbstractContextManager[None]:
     """Pause the cyclic garbage collector while millions of acyclic dicts are built or read.
 
     Each container allocation counts towards a collection, and collections walk every live
     object: for a million-event snapshot that is most of the time spent. Nothing built here is
     cyclic, and the previous state is restored even on error.
     """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
+    return gc_paused()
