@@ -190,6 +190,41 @@ def _batch1_decode(model: Any, runner: Any, new_tokens: int, rounds: int) -> dic
     }
 
 
+def _multistep(model: Any, runner: Any, new_tokens: int, rounds: int) -> dict[str, Any]:
+    """Batch 1: ``new_tokens`` greedy tokens from one replay of a graph of
+    ``Decoder.decode_steps`` (a ``torch.while_loop``, interpreted replay) beside the runner's
+    one-step replays; tokens checked against eager."""
+    from .. import Graph, graph
+    from ..bench.timing import interleaved_samples
+    from ..models import greedy_generate
+
+    prompt = torch.arange(4, dtype=torch.int64).unsqueeze(0)
+    t = prompt.shape[1]
+    tok, pos = torch.zeros(1, dtype=torch.int64), torch.zeros(1, dtype=torch.int64)
+    g = Graph(device=prompt.device)
+    with graph(g):
+        out, count = model.decode_steps(tok, pos, steps=new_tokens)
+
+    def multi() -> torch.Tensor:
+        model.reset_cache()
+        for i in range(t - 1):  # the prompt, one step at a time (as greedy_generate does)
+            runner(prompt[:, i].contiguous(), torch.full((1,), i, dtype=torch.int64))
+        tok.copy_(prompt[:, t - 1])
+        pos.fill_(t - 1)
+        g.replay()
+        return torch.cat([prompt, out], dim=1)
+
+    eager = greedy_generate(model, prompt, new_tokens)
+    equal = bool(torch.equal(multi(), eager)) and int(count) == new_tokens
+    s = interleaved_samples({"one_step": lambda: greedy_generate(model, prompt, new_tokens, step=runner),
+                             "multi_step": multi}, rounds=rounds, calls_per_round=1, warmup=1)
+    med = {k: sorted(v)[len(v) // 2] / 1e9 for k, v in s.items()}
+    return {"batch": 1, "new_tokens": new_tokens, "rounds": rounds, "tokens_equal_eager": equal,
+            "one_step_tokens_per_s": new_tokens / med["one_step"],
+            "multi_step_tokens_per_s": new_tokens / med["multi_step"],
+            "multi_vs_one_step": med["one_step"] / med["multi_step"]}
+
+
 def _bench(model: Any, runner: Any, buckets: list[int], iters: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Per-bucket step medians (runner call vs eager) and the runner overhead at batch 1."""
     from .. import GraphRunner
@@ -259,6 +294,8 @@ def run_demo(*, buckets: list[int] | tuple[int, ...] = (1, 2, 4), requests: int 
             rows, overhead = _bench(model, runner, buckets, bench_iters) if bench_iters else ([], {})
             batch1 = (_batch1_decode(model, runner, new_tokens, max(3, bench_iters // 10))
                       if bench_iters and 1 in buckets else None)
+            multistep = (_multistep(model, runner, min(new_tokens, 8), max(3, bench_iters // 10))
+                         if bench_iters and 1 in buckets else None)
         memory = runner.memory_report()
         stats = runner.stats()
     finally:
@@ -279,7 +316,7 @@ def run_demo(*, buckets: list[int] | tuple[int, ...] = (1, 2, 4), requests: int 
             "standalone_bytes": m["standalone_bytes"],
             **{k: by_bucket.get(m["bucket"], {}).get(k) for k in ("eager_step_us", "graph_step_us", "speedup")},
         })
-    ok = not serving["mismatches"]
+    ok = not serving["mismatches"] and (multistep is None or multistep["tokens_equal_eager"])
     return {
         "schema": SCHEMA,
         "tool": "accel-graph demo",
@@ -295,6 +332,7 @@ def run_demo(*, buckets: list[int] | tuple[int, ...] = (1, 2, 4), requests: int 
         "pool_reserved_bytes": memory["pool_reserved_bytes"],
         "serving": serving,
         "batch1": batch1,
+        "multistep": multistep,
         "overhead": overhead,
         "runner_stats": stats,
         "check": {"ok": ok, "near_ties": serving["near_ties"],
@@ -347,6 +385,13 @@ def format_report(report: dict[str, Any]) -> str:
             f"  batch 1 alone ({b1['new_tokens']} tokens, median of {b1['rounds']} interleaved "
             f"generations): eager {b1['eager_tokens_per_s']:.0f} tokens/s | graph "
             f"{b1['graph_tokens_per_s']:.0f} tokens/s | speedup {b1['speedup']:.2f}x")
+    ms = report.get("multistep")
+    if ms:
+        lines.append(
+            f"  multi-step decode (batch 1, {ms['new_tokens']} tokens in one replay of a "
+            f"torch.while_loop graph): {ms['multi_step_tokens_per_s']:.0f} tokens/s vs "
+            f"{ms['one_step_tokens_per_s']:.0f} one step per replay ({ms['multi_vs_one_step']:.2f}x); "
+            f"tokens equal to eager: {'yes' if ms['tokens_equal_eager'] else 'NO'}")
     ov = report["overhead"]
     if ov:
         line = (f"runner overhead per call at batch 1 (median runner call - median bare replay): "
