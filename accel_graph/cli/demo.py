@@ -388,9 +388,10 @@ def format_report(report: dict[str, Any]) -> str:
     ms = report.get("multistep")
     if ms:
         lines.append(
-            f"  multi-step decode (batch 1, {ms['new_tokens']} tokens in one replay of a "
-            f"torch.while_loop graph): {ms['multi_step_tokens_per_s']:.0f} tokens/s vs "
-            f"{ms['one_step_tokens_per_s']:.0f} one step per replay ({ms['multi_vs_one_step']:.2f}x); "
+            f"  multi-step decode (batch 1, {ms['new_tokens']} tokens in one interpreted replay of "
+            f"a torch.while_loop graph): {ms['multi_step_tokens_per_s']:.0f} tokens/s vs "
+            f"{ms['one_step_tokens_per_s']:.0f} one step per replay"
+            f"{' (compiled)' if st['compile'] else ''} ({ms['multi_vs_one_step']:.2f}x); "
             f"tokens equal to eager: {'yes' if ms['tokens_equal_eager'] else 'NO'}")
     ov = report["overhead"]
     if ov:
