@@ -203,8 +203,7 @@ class RecorderGraphImpl(GraphImpl):
                                     compile_program)
         except Exception as exc:  # any compiler failure: replay still works, interpreted
             reason = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
-            hint = ("" if isinstance(exc, CompileUnsupported)
-                    else " Inductor needs a working C++ compiler on the CPU.")
+            hint = _compiler_hint(exc)
             log.warning("compile='inductor' failed for a graph on %s (%s); using interpreted "
                         "replay.%s", self.device, reason, hint)
             self._compiled = {"backend": "inductor", "fallback": reason}
@@ -264,6 +263,18 @@ class RecorderGraphImpl(GraphImpl):
 
     def debug_dump(self, path: str) -> None:
         write_dump(path, self.describe())
+
+
+def _compiler_hint(exc: BaseException) -> str:
+    """A C++-compiler hint for a compile failure that names the compiler, and nothing otherwise
+    (torch's own refusals, functionalization errors and ours are not about the compiler)."""
+    if isinstance(exc, CompileUnsupported):
+        return ""
+    text = f"{type(exc).__name__} {exc}".lower()
+    if any(w in text for w in ("cppcompileerror", "cxxcompiler", "c++ compile", "g++", "gcc",
+                                "clang", "compiler")):
+        return " Inductor needs a working C++ compiler on the CPU."
+    return ""
 
 
 class RecorderBackend(Backend):
