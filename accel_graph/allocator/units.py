@@ -3,7 +3,7 @@ reports and tables."""
 
 from __future__ import annotations
 
-__all__ = ["MIB", "U64_MAX", "fmt_bytes"]
+__all__ = ["MIB", "U64_MAX", "fmt_bytes", "fmt_signed_bytes"]
 
 #: One mebibyte: torch's allocator settings and figures are in MiB.
 MIB = 1 << 20
@@ -23,3 +23,8 @@ def fmt_bytes(n: float | int | None) -> str:
             return f"{sign}{v:.0f} {unit}" if unit == "B" else f"{sign}{v:.1f} {unit}"
         v /= 1024
     return f"{sign}{v:.1f} TiB"  # pragma: no cover
+
+
+def fmt_signed_bytes(n: int) -> str:
+    """A change in bytes, always signed: ``+12.3 MiB``, ``-1.0 KiB``, ``+0 B``."""
+    return ("+" if n >= 0 else "-") + fmt_bytes(abs(n))

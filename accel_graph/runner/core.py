@@ -27,7 +27,7 @@ from ..frontend import Graph
 from .buckets import default_ladder, validate_ladder
 from .capture import capture_buckets, capture_lazily, disable_bucket
 from .debug import debug_call
-from .fallback import FALLBACKS, load_static, narrow_outputs, run_eagerly
+from .fallback import FALLBACKS, count_eager, load_static, narrow_outputs, run_eagerly
 from .group import GroupInfo
 from .inputs import InputSpec, broadcast, leaf_names
 from .reports import memory_report, stats
@@ -372,10 +372,15 @@ class GraphRunner:
         return self._verify(bucket, n, leaves)
 
     def _served(self, bucket: Bucket, n: int) -> Any:
-        """Replay ``bucket`` (inputs already in place) and count it, as the hot path does."""
-        rt = self._runtime
+        """Replay ``bucket`` (inputs already in place) and hand out its outputs."""
         assert bucket.replay is not None
         bucket.replay()
+        return self._handed_out(bucket, n)
+
+    def _handed_out(self, bucket: Bucket, n: int) -> Any:
+        """Count a replay of ``bucket`` for ``n`` live rows and return its outputs (as the hot
+        path does, inline)."""
+        rt = self._runtime
         bucket.replays += 1
         bucket.live_rows += n
         rt.graph_sizes[n] += 1
@@ -402,17 +407,11 @@ class GraphRunner:
             bucket.verify_diff = diff
             disable_bucket(rt, bucket, "disabled", f"disabled by verification: {diff}", None)
             rt.build_routes()
-            rt.fallbacks[f"bucket {bucket.size} {bucket.reason}"] += 1
-            rt.eager_calls += 1
-            rt.eager_sizes[n] += 1
+            count_eager(rt, f"bucket {bucket.size} {bucket.reason}", n)
             return narrow_outputs(rt, expected, n)
         bucket.checks += 1
         bucket.ready = bucket.checks >= rt.verify
-        bucket.replays += 1
-        bucket.live_rows += n
-        rt.graph_sizes[n] += 1
-        out = rt.outs[n]
-        return _copy(out) if rt.copy_outputs else out
+        return self._handed_out(bucket, n)
 
     # ------------------------------------------------------------------------------------
     # buckets and their state

@@ -4,7 +4,7 @@ A runner returns views into its graphs' static outputs: valid until the next cal
 bucket, or of any bucket with ``share_outputs=True``. In debug mode each call keeps a snapshot
 of what it returned; the next call first checks that those tensors still hold it (if not,
 something else wrote into them between calls: another runner capturing into the same pool,
-or the caller) and then fills them with NaN (floating) or the dtype's largest value, so code
+or the caller) and then fills them with the recorder's poison (NaN, True, 0x5A...), so code
 that keeps a returned view past the next call reads poison, not plausible numbers from another
 bucket.
 """
@@ -18,6 +18,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
+from ..backends.recorder.values import poison
 from .runtime import RunnerRuntime
 
 __all__ = ["debug_call"]
@@ -55,12 +56,7 @@ def _check_and_poison(rt: RunnerRuntime) -> None:
             "pool (a second runner sharing it?) or the caller wrote into a returned view. "
             "Pass copy_outputs=True or clone what you keep", changed)
     for t, _ in rt.last_returned:
-        if t.is_floating_point() or t.is_complex():
-            t.fill_(float("nan"))
-        elif t.dtype == torch.bool:
-            t.fill_(True)
-        else:
-            t.fill_(torch.iinfo(t.dtype).max)
+        poison(t)  # the recorder's poison fill: NaN, True, 0x5A...
     rt.last_returned = []
 
 

@@ -23,7 +23,7 @@ from ..errors import AccelGraphError
 from .runtime import Bucket, RunnerRuntime
 from .support import broadcast_outputs
 
-__all__ = ["FALLBACKS", "run_eagerly"]
+__all__ = ["FALLBACKS", "count_eager", "load_static", "narrow_outputs", "run_eagerly"]
 
 log = logging.getLogger("accel_graph")
 
@@ -42,13 +42,18 @@ def run_eagerly(rt: RunnerRuntime, reason: str, bucket: Bucket | None, n: int,
         raise AccelGraphError(f"GraphRunner (strict): {reason}")
     if reason not in rt.fallbacks:
         log.warning("GraphRunner: running eagerly: %s", reason)
-    rt.fallbacks[reason] += 1
-    rt.eager_calls += 1
-    rt.eager_sizes[n] += 1
+    count_eager(rt, reason, n)
     assert rt.states is not None
     if bucket is None or rt.fallback == "live":
         return rt.fn(*args, **kwargs, **rt.states.kwargs(n))
     return run_padded(rt, bucket, n, leaves)
+
+
+def count_eager(rt: RunnerRuntime, reason: str, n: int) -> None:
+    """Count one call of ``n`` rows served eagerly for ``reason`` (``stats()``)."""
+    rt.fallbacks[reason] += 1
+    rt.eager_calls += 1
+    rt.eager_sizes[n] += 1
 
 
 def run_padded(rt: RunnerRuntime, bucket: Bucket, n: int, leaves: Sequence[Any]) -> Any:

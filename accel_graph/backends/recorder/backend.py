@@ -193,7 +193,23 @@ class RecorderGraphImpl(GraphImpl):
         else:
             self._replay_fn = build_replay(self._steps, self._inputs)
         if self._signature is not None:  # every rank checks the others at the first replay
-            self._replay_fn = collective_check.with_first_replay_check(self._replay_fn, self._signature)
+            self._replay_fn = self._checked_first(self._replay_fn, self._signature)
+
+    def _checked_first(self, run: Any, sig: Any) -> Any:
+        """``run`` preceded by the cross-rank collective check, on the first replay only: a
+        passed check puts ``run`` itself in place, so later replays pay nothing for it (a
+        failed one is repeated next time; every rank fails it together). The graph is held
+        weakly, so an unreplayed graph is freed by reference counting."""
+        graph = weakref.ref(self)
+
+        def first() -> None:
+            collective_check.first_replay_check(sig)
+            me = graph()
+            if me is not None and me._replay_fn is first:
+                me._replay_fn = run
+            run()
+
+        return first
 
     def _compiled_or_fallback(self) -> Any:
         """Compiled replay, or the interpreted program with the reason logged."""

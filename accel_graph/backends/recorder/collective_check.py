@@ -1,7 +1,7 @@
 """The first-replay check: every rank of a group recorded the same collectives on it.
 
 A graph's :class:`Signature` lists its collectives per process group (descriptions from
-:func:`.collectives.describe`). At the graph's first replay (:func:`with_first_replay_check`)
+:func:`.collectives.describe`). At the graph's first replay (the graph runs :func:`first_replay_check` once, then replays without it)
 every rank gathers, per group, two int64 from each member: the number of collectives and a hash
 of their descriptions. Only when they differ are the descriptions themselves exchanged, so the
 :class:`~accel_graph.errors.ReplayError` every rank raises names the rank and the first op that
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import warnings
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -21,7 +20,7 @@ from torch._ops import OpOverload
 from ...errors import ReplayError
 from .collectives import IDENTITY, describe, group_of, role
 
-__all__ = ["Signature", "first_replay_check", "signature_of", "with_first_replay_check"]
+__all__ = ["Signature", "first_replay_check", "signature_of"]
 
 
 class Signature:
@@ -135,18 +134,3 @@ def signature_of(steps: list[Any], device: torch.device) -> Signature:
         if s.kind == "collective":
             sig.add(s.func, s.args, s.kwargs)
     return sig
-
-
-def with_first_replay_check(run: Callable[[], None], sig: Signature) -> Callable[[], None]:
-    """``run`` preceded, on its first call only, by :func:`first_replay_check`. A failed check
-    is repeated on the next call (every rank fails it together)."""
-    done = False
-
-    def replay() -> None:
-        nonlocal done
-        if not done:
-            first_replay_check(sig)
-            done = True
-        run()
-
-    return replay

@@ -147,7 +147,7 @@ def _read_owners(steps: list[Step]) -> dict[int, list[tuple[PoolRef, int | None]
     for k, step in enumerate(steps):
         for x in _reads(step):
             if isinstance(x, PoolRef):
-                owner = next((j for j, ref in reversed(made) if _overlap(ref, x)), None)
+                owner = next((j for j, ref in reversed(made) if refs_overlap(ref, x)), None)
                 owners.setdefault(k, []).append((x, owner))
         made.extend((k, ref) for ref in _allocations(step))
     return owners
@@ -181,14 +181,12 @@ def _writes_what_it_reads(owners: dict[int, list[tuple[PoolRef, int | None]]], s
     it (a tensor of an earlier stretch that died in this one, its memory reused)."""
     for k in range(start, end):
         for ref, j in owners.get(k, ()):
-            if (j is None or j < start) and any(_overlap(ref, w) for w in written):
+            if (j is None or j < start) and any(refs_overlap(ref, w) for w in written):
                 return True
     return False
 
 
 def _alive_at_end(ref: PoolRef, j: int, steps: list[Step]) -> bool:
     """Whether no later allocation (in any stretch) took ``ref``'s memory after step ``j``."""
-    return not any(_overlap(ref, other) for s in steps[j + 1:] for other in _allocations(s))
+    return not any(refs_overlap(ref, other) for s in steps[j + 1:] for other in _allocations(s))
 
-
-_overlap = refs_overlap

@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ...allocator.units import fmt_bytes
+from ...allocator.units import fmt_bytes, fmt_signed_bytes
 from ..output import emit, format_table
 from .inputs import load_input, pick_device, scenario_from_args
 from .options import (
@@ -182,7 +182,7 @@ def render(payload: dict[str, Any]) -> str:
     st = payload.get("start_state")
     if st and st["rebuilt_minus_recorded"]:
         lines.append(f"start state: recorded {fmt_bytes(st['recorded'])}, rebuilt under this "
-                     f"config {fmt_bytes(st['rebuilt'])} ({_signed(st['rebuilt_minus_recorded'])}): "
+                     f"config {fmt_bytes(st['rebuilt'])} ({fmt_signed_bytes(st['rebuilt_minus_recorded'])}): "
                      "the blocks and segments that existed before the recording, allocated "
                      "again under these settings")
     e = payload.get("effects")
@@ -190,9 +190,9 @@ def render(payload: dict[str, Any]) -> str:
         rel = e["on_recording_peak_relative"]
         lines.append(
             f"effect vs the recorded settings (both simulated): on the start state "
-            f"{_signed(e['on_start_state'])}; on the recording's own peak "
-            f"{_signed(e['on_recording_peak'])}" + ("" if rel is None else f" ({100 * rel:+.2f}%)")
-            + f"; on the whole-trace peak {_signed(e['on_whole_trace_peak'])}")
+            f"{fmt_signed_bytes(e['on_start_state'])}; on the recording's own peak "
+            f"{fmt_signed_bytes(e['on_recording_peak'])}" + ("" if rel is None else f" ({100 * rel:+.2f}%)")
+            + f"; on the whole-trace peak {fmt_signed_bytes(e['on_whole_trace_peak'])}")
     lines += [f"note: {n}" for n in p["notes"]]
     snap = payload.get("snapshot")
     if snap:
@@ -201,6 +201,3 @@ def render(payload: dict[str, Any]) -> str:
                      f"python -m torch.cuda._memory_viz trace_plot {snap['path']} -o out.html")
     return "\n".join(lines)
 
-
-def _signed(n: int) -> str:
-    return ("+" if n >= 0 else "-") + fmt_bytes(abs(n))

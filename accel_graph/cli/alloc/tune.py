@@ -15,7 +15,7 @@ import os
 import sys
 from typing import Any
 
-from ...allocator.units import fmt_bytes
+from ...allocator.units import fmt_bytes, fmt_signed_bytes
 from ..output import emit, format_table
 from .inputs import load_input, pick_device
 from .options import (
@@ -243,7 +243,7 @@ def _pct(d: dict[str, Any], scope: str = "trace") -> str:
     key = "peak_reserved" if scope == "trace" else "peak_reserved_recording"
     rel = d["delta"].get(f"{key}_relative")
     n = d["delta"].get(key, 0)
-    head = ("+" if n >= 0 else "-") + fmt_bytes(abs(n))
+    head = fmt_signed_bytes(n)
     return head if rel is None else f"{head} ({100 * rel:+.1f}%)"
 
 
@@ -265,9 +265,6 @@ def _table(rows: list[dict[str, Any]], rank: bool = False, policy: bool = False,
     align = ("r" if rank else "") + "l" + ("l" if policy else "") + "rrrrrrrr"
     return format_table(headers, body, align=align)
 
-
-def _signed_bytes(n: int) -> str:
-    return ("+" if n >= 0 else "-") + fmt_bytes(abs(n))
 
 
 def render(p: dict[str, Any]) -> str:
@@ -318,7 +315,7 @@ def render(p: dict[str, Any]) -> str:
                         else ""))
     po = r.get("passed_over")
     if po:
-        lines.append(f"  preferred over {po['label']} (ranked first, {_signed_bytes(po['peak_difference'])} "
+        lines.append(f"  preferred over {po['label']} (ranked first, {fmt_signed_bytes(po['peak_difference'])} "
                      f"peak): it carries the high-severity warning(s) {', '.join(po['codes'])}, "
                      "and this warning-free one is within 0.1 %")
     if r["same_as_baseline"]:
@@ -327,7 +324,7 @@ def render(p: dict[str, Any]) -> str:
         f"  peak reserved {fmt_bytes(r['peak_reserved_recording'])} in the recording "
         f"({_pct(r, 'recording')} vs baseline), {fmt_bytes(r['peak_reserved'])} over the whole "
         f"trace ({_pct(r)}), start rebuilt at {fmt_bytes(r['start_reserved'])}"
-        + (f" ({_signed_bytes(r['delta']['start_reserved'])} vs the recorded settings: the "
+        + (f" ({fmt_signed_bytes(r['delta']['start_reserved'])} vs the recorded settings: the "
            "setting's effect on the state before the recording)"
            if r["delta"].get("start_reserved") else "")
         + "; device "
