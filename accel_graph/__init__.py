@@ -20,6 +20,7 @@ from .errors import (
 if TYPE_CHECKING:
     from .backends import current_backend, get_backend
     from .capturable import check_capturable
+    from .compile_options import CompileOptions
     from .errors import OutOfMemoryError
     from .frontend import (
         EmptyGraphWarning,
@@ -37,6 +38,7 @@ _LAZY: dict[str, str] = {
     "current_backend": ".backends",
     "get_backend": ".backends",
     "check_capturable": ".capturable",
+    "CompileOptions": ".compile_options",
     "OutOfMemoryError": ".errors",
     "EmptyGraphWarning": ".frontend",
     "Graph": ".frontend",
@@ -57,6 +59,7 @@ __all__ = [
     "AccelGraphError",
     "BackendUnavailable",
     "CaptureError",
+    "CompileOptions",
     "ConfigError",
     "EmptyGraphWarning",
     "Graph",

@@ -25,7 +25,7 @@ import contextlib
 import sys
 import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -34,6 +34,7 @@ import torch
 from . import config
 from .backends import select_backend
 from .backends.base import CAPTURE_ERROR_MODES, Backend, DeviceSpec, GraphImpl, PoolHandle
+from .compile_options import CompileOptions, parse_compile_options
 from .errors import CaptureError, ConfigError, GraphStateError
 
 __all__ = [
@@ -93,6 +94,8 @@ class Graph:
         compile: ``None`` replays the recorded program as captured; ``"inductor"`` compiles it
             once at instantiation (recorder only; native backends ignore it with a warning).
             Unset, ``ACCEL_GRAPH_COMPILE`` supplies the default.
+        compile_options: options of compiled replay (:class:`~accel_graph.compile_options.
+            CompileOptions`: ``replay``, ``freeze``); only with ``compile="inductor"``.
 
     ``graph_pool`` and ``capture_error_mode`` are attributes, as on ``torch.accelerator.Graph``:
     ``capture_begin()`` without arguments and ``with g:`` use them, so setting them (before a
@@ -107,6 +110,7 @@ class Graph:
         capture_error_mode: str = "default",
         device: torch.device | str | int | None = None,
         compile: str | None = None,
+        compile_options: Mapping[str, Any] | CompileOptions | None = None,
     ) -> None:
         self._backend, dev = select_backend(device)
         self._device: DeviceSpec = self._backend.device_spec(dev)
@@ -117,10 +121,13 @@ class Graph:
             compile = config.default_compile()
         if compile not in (None, "inductor"):
             raise ConfigError(f"unknown compile={compile!r}; use None (replay as captured) or 'inductor'")
+        if compile_options is not None and compile is None:
+            raise ConfigError("compile_options apply to compiled replay only; pass compile='inductor' too")
         self._compile = compile
-        self._impl: GraphImpl = self._backend.new_graph(
-            self._device, keep_graph=self.keep_graph, compile=compile
-        )
+        options: dict[str, Any] = {"compile": compile}
+        if compile is not None:
+            options["compile_options"] = parse_compile_options(compile_options)
+        self._impl: GraphImpl = self._backend.new_graph(self._device, keep_graph=self.keep_graph, **options)
         self._state = EMPTY
         self._pool: PoolHandle | None = None
         self._debug = False

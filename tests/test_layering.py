@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1] / "accel_graph"
 #: Lowest first. A module's layer is the one of the longest prefix that names it.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("accel_graph._lazy", "accel_graph.errors", "accel_graph.config", "accel_graph.tolerances",
-     "accel_graph.gc_pause"),
+     "accel_graph.gc_pause", "accel_graph.compile_options"),
     ("accel_graph.allocator.units", "accel_graph.allocator.alloc_conf"),
     ("accel_graph.allocator.traces",),
     ("accel_graph.allocator.core",),

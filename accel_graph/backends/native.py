@@ -411,6 +411,7 @@ class NativeGraphBackend(Backend):
 
     def new_graph(self, device: DeviceSpec, *, keep_graph: bool, **options: Any) -> GraphImpl:
         compile_ = options.pop("compile", None)
+        options.pop("compile_options", None)  # only with compile=, which is ignored here (below)
         if options:
             raise ConfigError(f"unknown options for the {self.name} backend: {', '.join(options)}")
         if compile_ is not None:

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from ... import config
+from ...compile_options import CompileOptions
 from ...errors import BackendUnavailable, CaptureError, PoolError
 from ..base import (
     Backend,
@@ -53,10 +54,11 @@ class RecorderGraphImpl(GraphImpl):
     """One recorder graph: a capture, then a compiled straight-line replay program."""
 
     def __init__(self, backend: RecorderBackend, device: DeviceSpec, *, keep_graph: bool = False,
-                 compile: str | None = None) -> None:
+                 compile: str | None = None, compile_options: CompileOptions | None = None) -> None:
         super().__init__(device, keep_graph=keep_graph)
         self._backend = backend
         self._compile = compile
+        self._compile_options = compile_options or CompileOptions()
         self._capture: Capture | None = None
         self._pool: GraphPool | None = None
         self._handle: PoolHandle | None = None
@@ -335,7 +337,8 @@ class RecorderBackend(Backend):
         return DeviceSpec("recorder", dev.type, None if dev.type == "cpu" else dev.index)
 
     def new_graph(self, device: DeviceSpec, *, keep_graph: bool, **options: Any) -> GraphImpl:
-        return RecorderGraphImpl(self, device, keep_graph=keep_graph, compile=options.get("compile"))
+        return RecorderGraphImpl(self, device, keep_graph=keep_graph, compile=options.get("compile"),
+                                 compile_options=options.get("compile_options"))
 
     def graph_pool_handle(self, device: DeviceSpec) -> PoolHandle:
         handle = PoolHandle("recorder", device, next_user_pool_id())

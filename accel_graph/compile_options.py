@@ -1,0 +1,61 @@
+"""``Graph(compile="inductor", compile_options={...})``: the options of compiled replay.
+
+Parsed once, at ``Graph`` construction, so a misspelt key or a bad value fails there with the
+list of what is accepted, before anything is captured. The recorder backend reads the parsed
+:class:`CompileOptions`; native backends ignore compiled replay altogether (their graphs are
+already launch-free).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from .errors import ConfigError
+
+__all__ = ["REPLAY_CHOICES", "CompileOptions", "parse_compile_options"]
+
+#: ``replay``: ``"auto"`` times the compiled and the interpreted program at instantiation and
+#: keeps the faster; ``"compiled"`` and ``"interpreted"`` force one.
+REPLAY_CHOICES = ("auto", "compiled", "interpreted")
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    """What ``compile_options=`` may set (every field has a default).
+
+    Attributes:
+        replay: which program replays: ``"auto"`` (the faster one, measured at instantiation),
+            ``"compiled"`` or ``"interpreted"``.
+        freeze: compile captured parameters as constants (Inductor's freezing). Opt-in: an
+            in-place update of a frozen tensor after instantiation is then not seen by replay.
+    """
+
+    replay: str = "auto"
+    freeze: bool = False
+
+
+def parse_compile_options(value: Mapping[str, Any] | CompileOptions | None) -> CompileOptions:
+    """``value`` as :class:`CompileOptions`; raises :class:`ConfigError` naming what is accepted."""
+    if value is None:
+        return CompileOptions()
+    if isinstance(value, CompileOptions):
+        return value
+    if not isinstance(value, Mapping):
+        raise ConfigError(
+            f"compile_options must be a dict (or CompileOptions), not {type(value).__name__}")
+    known = {f.name for f in fields(CompileOptions)}
+    unknown = sorted(set(value) - known)
+    if unknown:
+        raise ConfigError(
+            f"unknown compile_options key(s) {', '.join(map(repr, unknown))}; accepted: "
+            f"{', '.join(sorted(known))}")
+    replay = value.get("replay", "auto")
+    if replay not in REPLAY_CHOICES:
+        raise ConfigError(
+            f"compile_options['replay']={replay!r}; use one of {', '.join(map(repr, REPLAY_CHOICES))}")
+    freeze = value.get("freeze", False)
+    if not isinstance(freeze, bool):
+        raise ConfigError(f"compile_options['freeze'] must be True or False, not {freeze!r}")
+    return CompileOptions(replay=replay, freeze=freeze)
