@@ -200,8 +200,12 @@ def python_level_refusal(op: str, target: str) -> str | None:
 
 
 # -- the capture mode ---------------------------------------------------------------------------
-def _key(t: torch.Tensor) -> int:
-    return t.untyped_storage()._cdata
+def _key(t: torch.Tensor) -> int | None:
+    """The identity of ``t``'s storage (None for tensors without one: never counted fresh)."""
+    try:
+        return t.untyped_storage()._cdata
+    except (RuntimeError, NotImplementedError):
+        return None
 
 
 def _tensor_leaves(out: Any, what: str) -> tuple[list[torch.Tensor], Any]:
@@ -283,8 +287,9 @@ class ControlFlowMode(TorchDispatchMode):
         out = func(*args, **kwargs)
         held = {_key(t) for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
         for t in pytree.tree_leaves(out):
-            if isinstance(t, torch.Tensor) and _key(t) not in held:
-                self.fresh.add(_key(t))
+            key = _key(t) if isinstance(t, torch.Tensor) else None
+            if key is not None and key not in held:
+                self.fresh.add(key)
         return out
 
     @contextlib.contextmanager
@@ -331,7 +336,7 @@ def _cond(mode: ControlFlowMode, func: HigherOrderOperator, args: tuple, kwargs:
         for t in leaves:
             # torch copies the false branch's results into these: they must be memory of their
             # own, never an operand, a weight or another output.
-            if _key(t) not in mode.fresh or _key(t) in claimed:
+            if _key(t) is None or _key(t) not in mode.fresh or _key(t) in claimed:
                 t = t.clone()
             claimed.add(_key(t))
             outs.append(t)
