@@ -43,7 +43,7 @@ from typing import Any
 import torch
 from torch._ops import HigherOrderOperator
 from torch.utils import _pytree as pytree
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from ..errors import AccelGraphError, CaptureError
 
@@ -445,7 +445,9 @@ class _WarmupMode(TorchDispatchMode):
             if self.stream is None:
                 self.stream = mod.Stream()
             graph = mod.CUDAGraph()
-            with mod.stream(self.stream):
+            # Only the capture mode sees the throwaway capture: modes below (an undo log, a
+            # counter) would otherwise take captured, never-run ops for real work.
+            with _disable_current_modes(), mod.stream(self.stream):
                 # relaxed: first-use setup (handles, workspaces) is allowed in this capture
                 graph.capture_begin(capture_error_mode="relaxed")
                 mode = start(self.support, self.device)

@@ -309,3 +309,27 @@ def test_fake_cf_warmup_is_a_no_op_without_nodes(fake_cuda: FakeCudaModule) -> N
     with backend.control_flow_warmup(spec):
         y = cond_op(torch.tensor(True), lambda t: t * 2, lambda t: t - 1, (torch.ones(2),))
     assert torch.equal(y, torch.full((2,), 2.0)) and len(fake_cuda.graphs) == n
+
+
+def test_fake_cf_warmup_hides_the_throwaway_capture_from_modes_below(fake_cuda: FakeCudaModule,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """An undo log or counter below the warm-up must not take the throwaway capture's ops (never
+    run) for real work: it sees the operator once, as eager runs it."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    install_conditional_nodes(fake_cuda, monkeypatch)
+    seen: list[str] = []
+
+    class Count(TorchDispatchMode):
+        supports_higher_order_operators = True
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+            seen.append(str(func.name()) if hasattr(func, "name") else str(func))
+            return func(*args, **(kwargs or {}))
+
+    backend = get_backend("cuda")
+    spec = backend.device_spec(torch.device("cuda:0"))
+    pred, x = torch.tensor(False), torch.ones(2)
+    with Count(), backend.control_flow_warmup(spec):
+        y = cond_op(pred, lambda t: t.mul(2), lambda t: t.sub(1), (x,))
+    assert seen == ["cond"] and torch.equal(y, torch.zeros(2))
