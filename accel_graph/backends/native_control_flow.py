@@ -45,6 +45,7 @@ from torch._ops import HigherOrderOperator
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
+from .. import config
 from ..errors import AccelGraphError, CaptureError
 
 __all__ = [
@@ -396,10 +397,14 @@ _HANDLERS: dict[str, Callable[[ControlFlowMode, HigherOrderOperator, tuple, dict
 
 
 # -- lifecycle (called by backends/native.py) -----------------------------------------------
-def start(support: ControlFlowSupport, device: object) -> ControlFlowMode:
+def start(support: ControlFlowSupport, device: object) -> ControlFlowMode | None:
     """Enter a fresh mode on this thread for a capture beginning on ``device``; modes left on
-    this thread's stack by captures that ended elsewhere are taken off first."""
+    this thread's stack by captures that ended elsewhere are taken off first. None (no mode:
+    torch.cond runs as plain torch) when ``ACCEL_GRAPH_NATIVE_CONTROL_FLOW=0``."""
     from .recorder.modes import mode_stack, remove_mode
+
+    if not config.native_control_flow():
+        return None
 
     for m in mode_stack():
         if isinstance(m, ControlFlowMode) and not m.active:
@@ -470,6 +475,6 @@ def warmup(support: ControlFlowSupport, module: Any, device: object) -> contextl
     """A context for the eager warm-up before a native capture with ``torch.cond``: both
     branches are captured once into a throwaway graph (torch's ``ControlFlowOpWarmupDispatchMode``
     does the same). A no-op where nothing can be captured natively."""
-    if support.cond and support.while_loop and support.switch:
+    if (support.cond and support.while_loop and support.switch) or not config.native_control_flow():
         return contextlib.nullcontext()
     return _WarmupMode(support, module, device)

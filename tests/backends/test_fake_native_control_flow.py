@@ -333,3 +333,16 @@ def test_fake_cf_warmup_hides_the_throwaway_capture_from_modes_below(fake_cuda: 
     with Count(), backend.control_flow_warmup(spec):
         y = cond_op(pred, lambda t: t.mul(2), lambda t: t.sub(1), (x,))
     assert seen == ["cond"] and torch.equal(y, torch.zeros(2))
+
+
+def test_fake_cf_mode_can_be_turned_off(fake_cuda: FakeCudaModule, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ACCEL_GRAPH_NATIVE_CONTROL_FLOW=0: no mode (no per-op cost); torch.cond is plain torch."""
+    install_conditional_nodes(fake_cuda, monkeypatch)
+    monkeypatch.setenv("ACCEL_GRAPH_NATIVE_CONTROL_FLOW", "0")
+    g = accel_graph.Graph(device="cuda:0")
+    with accel_graph.graph(g):
+        assert flow_modes() == []
+        fake_cuda.allocate(8)
+    backend = get_backend("cuda")
+    with backend.control_flow_warmup(backend.device_spec(torch.device("cuda:0"))):
+        assert mode_stack() == []
