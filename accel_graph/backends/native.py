@@ -352,6 +352,7 @@ class NativeGraphBackend(Backend):
             facts.append(("device_count", str(self.module.device_count())))
         except Exception as exc:
             facts.append(("device_count", f"unknown ({exc})"))
+        facts.append(("control flow", control_flow.summary(self.control_flow_support())))
         return iter(facts)
 
     # -- policy: capture (called by NativeGraphImpl) ------------------------------------------

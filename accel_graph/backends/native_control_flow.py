@@ -56,6 +56,7 @@ __all__ = [
     "python_level_refusal",
     "start",
     "stop",
+    "summary",
     "warmup",
 ]
 
@@ -106,6 +107,12 @@ class ControlFlowSupport:
             f"torch.{op} cannot be captured into a {self.kind} graph on {device} with torch "
             f"{torch.__version__}: {self.missing(op)}. {RECORDER_HINT}"
         )
+
+
+def summary(support: ControlFlowSupport) -> str:
+    """One line for ``doctor``: per operator, captured or what is missing."""
+    return "; ".join(f"{op}: {'captured natively' if not why else 'CaptureError (' + why + ')'}"
+                     for op, why in (("cond", support.cond), ("while_loop", support.while_loop)))
 
 
 def _parse_version(text: object) -> tuple[int, int] | None:

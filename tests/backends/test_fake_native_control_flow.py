@@ -346,3 +346,11 @@ def test_fake_cf_mode_can_be_turned_off(fake_cuda: FakeCudaModule, monkeypatch: 
     backend = get_backend("cuda")
     with backend.control_flow_warmup(backend.device_spec(torch.device("cuda:0"))):
         assert mode_stack() == []
+
+
+def test_fake_cf_doctor_facts_say_what_is_captured(fake_cuda: FakeCudaModule, monkeypatch: pytest.MonkeyPatch) -> None:
+    facts = dict(get_backend("cuda").describe())
+    assert facts["control flow"].startswith("cond: CaptureError (")
+    install_conditional_nodes(fake_cuda, monkeypatch)
+    facts = dict(get_backend("cuda").describe())
+    assert facts["control flow"].startswith("cond: captured natively; while_loop: CaptureError (")
