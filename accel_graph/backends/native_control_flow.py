@@ -323,8 +323,8 @@ class ControlFlowMode(TorchDispatchMode):
             raise CaptureError(
                 f"torch.{op} could not be captured into a {self.support.kind} conditional node on "
                 f"{self.device}: {exc}. The predicate must be a one-element bool tensor on "
-                f"{self.device}; warm both branches up first (accel_graph.backends."
-                f"native_control_flow.warmup); {RECORDER_HINT}"
+                f"{self.device}; warm up under backend.control_flow_warmup(spec) first (as "
+                f"GraphRunner does). {RECORDER_HINT}"
             ) from exc
 
 
@@ -338,13 +338,19 @@ def _cond(mode: ControlFlowMode, func: HigherOrderOperator, args: tuple, kwargs:
     spec: list[Any] = []
 
     def on_true(*ops: Any) -> Any:
-        leaves, out_spec = _tensor_leaves(true_fn(*ops), "torch.cond's true_fn")
+        # Fresh means made by this branch: a tensor an enclosing branch made earlier may be
+        # this cond's operand, which the false branch's copy must not overwrite.
+        outer, mode.fresh = mode.fresh, set()
+        try:
+            leaves, out_spec = _tensor_leaves(true_fn(*ops), "torch.cond's true_fn")
+        finally:
+            made, mode.fresh = mode.fresh, outer | mode.fresh
         claimed: set[int] = set()
         outs = []
         for t in leaves:
             # torch copies the false branch's results into these: they must be memory of their
             # own, never an operand, a weight or another output.
-            if _key(t) is None or _key(t) not in mode.fresh or _key(t) in claimed:
+            if _key(t) is None or _key(t) not in made or _key(t) in claimed:
                 t = t.clone()
             claimed.add(_key(t))
             outs.append(t)

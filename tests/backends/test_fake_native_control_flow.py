@@ -354,3 +354,40 @@ def test_fake_cf_doctor_facts_say_what_is_captured(fake_cuda: FakeCudaModule, mo
     install_conditional_nodes(fake_cuda, monkeypatch)
     facts = dict(get_backend("cuda").describe())
     assert facts["control flow"].startswith("cond: captured natively; while_loop: CaptureError (")
+
+
+def test_fake_cf_nested_cond_returning_an_outer_branch_tensor_is_cloned(
+        fake_cuda: FakeCudaModule, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tensor the outer branch made is the inner cond's operand: the inner true branch that
+    returns it must not hand it to torch's copy of the inner false branch's result."""
+    log = install_conditional_nodes(fake_cuda, monkeypatch)
+    kept: list[torch.Tensor] = []
+
+    def outer_true(t: torch.Tensor) -> torch.Tensor:
+        made = t + 1
+        kept.append(made)
+        inner = cond_op(torch.tensor(True), lambda u: u, lambda u: u * 100, (made,))
+        return inner + made
+
+    g = accel_graph.Graph(device="cuda:0")
+    with accel_graph.graph(g):
+        cond_op(torch.tensor(True), outer_true, lambda t: t * 3, (torch.ones(2),))
+    assert torch.equal(kept[0], torch.full((2,), 2.0))  # not overwritten with 200
+    assert [c[0] for c in log].count("begin_capture_to_if_node") == 4  # 2 outer + 2 inner
+
+
+def test_fake_cf_branch_writing_its_predicate_cannot_run_the_other_branch(
+        fake_cuda: FakeCudaModule, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch builds the false IF node on not(pred) after the true node: were pred not copied
+    first, a true branch that clears it would make the false branch run too."""
+    log = install_conditional_nodes(fake_cuda, monkeypatch)
+    flag = torch.tensor(True)
+
+    def true_fn(t: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+        f.fill_(False)
+        return t + 1
+
+    g = accel_graph.Graph(device="cuda:0")
+    with accel_graph.graph(g):
+        cond_op(flag, true_fn, lambda t, f: t - 1, (torch.ones(2), flag))
+    assert [c[1] for c in log[::2]] == [True, False]  # the false node's condition: not(True)
