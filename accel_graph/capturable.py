@@ -33,7 +33,7 @@ from torch._ops import HigherOrderOperator
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .backends.native_control_flow import python_level_refusal
+from .backends.native_cf_support import python_level_refusal
 from .backends.recorder.control_flow import SUPPORTED, undo_dynamo_skip
 from .backends.recorder.ops import illegal_reason
 from .backends.recorder.plan import user_frame

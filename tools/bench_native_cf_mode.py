@@ -26,7 +26,8 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from accel_graph.backends.native_control_flow import ControlFlowMode, ControlFlowSupport
+from accel_graph.backends.native_cf_support import ControlFlowSupport
+from accel_graph.backends.native_control_flow import ControlFlowMode
 from accel_graph.models import Decoder, DecoderConfig
 
 

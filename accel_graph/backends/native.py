@@ -30,6 +30,7 @@ from typing import Any, ClassVar
 import torch
 
 from ..errors import AccelGraphError, BackendUnavailable, CaptureError, ConfigError
+from . import native_cf_support as cf_support
 from . import native_control_flow as control_flow
 from .base import (
     CAPTURE_ERROR_MODES,
@@ -325,10 +326,10 @@ class NativeGraphBackend(Backend):
             kwargs["capture_error_mode"] = mode
         graph.capture_begin(**kwargs)
 
-    def control_flow_support(self) -> control_flow.ControlFlowSupport:
+    def control_flow_support(self) -> cf_support.ControlFlowSupport:
         """What this backend captures of torch.cond / torch.while_loop / torch.switch
-        (feature-detected by API on each call; :mod:`.native_control_flow`). Must not raise."""
-        return control_flow.detect_support(self.name, self.module_name, self.module)
+        (feature-detected by API on each call; :mod:`.native_cf_support`). Must not raise."""
+        return cf_support.detect_support(self.name, self.module_name, self.module)
 
     def control_flow_warmup(self, device: DeviceSpec) -> AbstractContextManager[Any]:
         """A context for the eager warm-up before a capture with torch.cond: both branches
@@ -352,7 +353,7 @@ class NativeGraphBackend(Backend):
             facts.append(("device_count", str(self.module.device_count())))
         except Exception as exc:
             facts.append(("device_count", f"unknown ({exc})"))
-        facts.append(("control flow", control_flow.summary(self.control_flow_support())))
+        facts.append(("control flow", cf_support.summary(self.control_flow_support())))
         return iter(facts)
 
     # -- policy: capture (called by NativeGraphImpl) ------------------------------------------

@@ -23,11 +23,8 @@ import torch
 import accel_graph
 from accel_graph import CaptureError
 from accel_graph.backends import get_backend
-from accel_graph.backends.native_control_flow import (
-    ControlFlowMode,
-    python_level_refusal,
-    torch_module,
-)
+from accel_graph.backends.native_cf_support import python_level_refusal, torch_module
+from accel_graph.backends.native_control_flow import ControlFlowMode
 from accel_graph.backends.recorder.modes import mode_stack
 
 from .fakes import FakeCudaModule, FakeXpuModule, install_conditional_nodes
@@ -391,3 +388,15 @@ def test_fake_cf_branch_writing_its_predicate_cannot_run_the_other_branch(
     with accel_graph.graph(g):
         cond_op(flag, true_fn, lambda t, f: t - 1, (torch.ones(2), flag))
     assert [c[1] for c in log[::2]] == [True, False]  # the false node's condition: not(True)
+
+
+def test_fake_cf_detection_never_raises(fake_cuda: FakeCudaModule) -> None:
+    """Detection runs right after torch's capture began: an odd module refuses, never raises."""
+    from accel_graph.backends.native_cf_support import detect_support
+
+    class Odd:
+        def __getattr__(self, name: str) -> object:
+            raise RuntimeError("odd build")
+
+    s = detect_support("cuda", "cuda", Odd())
+    assert s.cond == s.while_loop == s.switch and "odd build" in (s.cond or "")
