@@ -132,7 +132,7 @@ class NativeGraphImpl(GraphImpl):
         return self._handle
 
     def capture_end(self) -> None:
-        control_flow.stop(self._flow)
+        control_flow.end(self._flow)  # raises if an error left a conditional body
         self._flow = None
         try:
             self._graph.capture_end()

@@ -18,7 +18,8 @@ whole and:
   are cloned (torch copies the false branch's results into them), and the false branch must
   return the same structure, shapes and dtypes (torch would broadcast or cast silently).
 - ``while_loop`` and ``switch``: through torch's while/switch-node capture where this torch has
-  it (feature-detected by API, never by version string; torch 2.13 has neither), else refused.
+  it (feature-detected by API, never by version string, in :mod:`.native_cf_support`; torch
+  2.13 has neither), else refused.
 - random ops inside a branch or body: refused (torch's rule: CUDA graphs cannot advance the RNG
   inside a conditional node).
 - where conditional nodes are missing (ROCm builds, XPU, CUDA < 12.4, torch without the API):
@@ -47,7 +48,7 @@ from .. import config
 from ..errors import AccelGraphError, CaptureError
 from .native_cf_support import RECORDER_HINT, ControlFlowSupport, torch_module
 
-__all__ = ["ControlFlowMode", "start", "stop", "warmup"]
+__all__ = ["ControlFlowMode", "end", "start", "stop", "warmup"]
 
 
 # -- the capture mode ---------------------------------------------------------------------------
@@ -117,6 +118,8 @@ class ControlFlowMode(TorchDispatchMode):
         #: Storages made inside the bodies being captured (outputs of ops whose inputs do not
         #: hold them): such a branch output is fresh memory, anything else gets cloned.
         self.fresh: set[int] = set()
+        #: Why the capture cannot be used (an error left a conditional body), else None.
+        self.broken: str | None = None
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
@@ -145,11 +148,15 @@ class ControlFlowMode(TorchDispatchMode):
 
     @contextlib.contextmanager
     def body(self) -> Iterator[None]:
-        """Capture a conditional body: this mode on the stack again, random ops refused."""
+        """Capture a conditional body: this mode on the stack again, random ops refused. An
+        error leaving it breaks the capture (torch's node may be half-built): :func:`end`."""
         self.depth += 1
         try:
             with self:
                 yield
+        except BaseException as exc:
+            self.broken = self.broken or f"{type(exc).__name__}: {str(exc)[:300]}"
+            raise
         finally:
             self.depth -= 1
             if not self.depth:
@@ -280,6 +287,18 @@ def stop(mode: ControlFlowMode | None) -> None:
         from .recorder.modes import remove_mode
 
         remove_mode(mode)
+
+
+def end(mode: ControlFlowMode | None) -> None:
+    """:func:`stop` at a normal capture end; raises ``CaptureError`` when an error left a
+    conditional body during the capture (caught by user code, the capture went on): the
+    graph would hold a half-built conditional node, so it must not be used."""
+    stop(mode)
+    if mode is not None and mode.broken:
+        raise CaptureError(
+            f"the capture on {mode.device} is invalid: an error left a torch.cond/while_loop "
+            f"body during it ({mode.broken}), so its conditional node is half-built; capture "
+            f"again without that error")
 
 
 # -- warm-up ------------------------------------------------------------------------------------

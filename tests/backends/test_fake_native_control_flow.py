@@ -400,3 +400,19 @@ def test_fake_cf_detection_never_raises(fake_cuda: FakeCudaModule) -> None:
 
     s = detect_support("cuda", "cuda", Odd())
     assert s.cond == s.while_loop == s.switch and "odd build" in (s.cond or "")
+
+
+def test_fake_cf_error_caught_inside_the_capture_still_invalidates_it(
+        fake_cuda: FakeCudaModule, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An error that left a branch half-captured, caught by user code: capture_end refuses the
+    graph (its conditional node is half-built), as CUDA invalidates a capture at an illegal op."""
+    install_conditional_nodes(fake_cuda, monkeypatch)
+    earlier = first_graph(fake_cuda)
+    g = accel_graph.Graph(device="cuda:0")
+    with pytest.raises(CaptureError, match="is invalid: an error left a torch.cond/while_loop body"), \
+            accel_graph.graph(g):
+        try:
+            cond_op(torch.tensor(True), lambda t: t + torch.rand(3), lambda t: t, (torch.ones(3),))
+        except CaptureError:
+            pass  # the user carries on
+    assert_still_usable(g, earlier, fake_cuda)
