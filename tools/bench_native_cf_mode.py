@@ -5,8 +5,10 @@ Every native capture (cuda, hip, xpu) runs its body under
 passes each op through (it acts only on torch.cond / torch.while_loop). On a GPU, capture time
 is host time: dispatching the ops. This measures the same host work on the CPU: one decode
 step of the bundled decoder, eager under ``torch.inference_mode`` (the baseline) against the same
-step with the mode entered, in interleaved rounds, medians. The difference per op is what the
-mode adds to each captured op; replay is untouched (the mode is gone after capture).
+step with the mode entered, in interleaved rounds, medians; and the same with a bare
+pass-through ``TorchDispatchMode`` (what any Python mode costs, torch's own conditional-node
+mode included). The difference per op is what the mode adds to each captured op; replay is
+untouched (the mode is gone after capture).
 
     bash tools/dev.sh run python tools/bench_native_cf_mode.py [--rounds 30] [--json out.json]
 """
@@ -41,8 +43,17 @@ class _OpCount(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def measure(name: str, fn: Callable[[], None], support: ControlFlowSupport, rounds: int) -> dict[str, Any]:
-    """Median host time of ``fn`` without and with the mode, interleaved."""
+class _Bare(TorchDispatchMode):
+    """The cheapest possible dispatch mode: what any Python mode (torch's own
+    CUDAGraphCaptureControlFlowOpDispatchMode included) costs per op."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        return func(*args, **(kwargs or {}))
+
+
+def measure(name: str, fn: Callable[[], None], make_mode: Callable[[], TorchDispatchMode],
+            rounds: int) -> dict[str, Any]:
+    """Median host time of ``fn`` without and with the mode ``make_mode()``, interleaved."""
     with torch.inference_mode():
         count = _OpCount()
         with count:
@@ -54,7 +65,7 @@ def measure(name: str, fn: Callable[[], None], support: ControlFlowSupport, roun
             t0 = time.perf_counter_ns()
             fn()
             plain.append(time.perf_counter_ns() - t0)
-            mode = ControlFlowMode(support, "bench")
+            mode = make_mode()
             t0 = time.perf_counter_ns()
             with mode:
                 fn()
@@ -86,13 +97,16 @@ def main() -> int:
         for _ in range(200):
             small.add_(1)
 
-    rows = [measure("decoder step", decode, support, args.rounds),
-            measure("200 tiny add_", tiny, support, args.rounds)]
-    print("| workload | ops | eager (us) | with mode (us) | added/op (us) | ratio |")
-    print("|---|---|---|---|---|---|")
+    rows = []
+    for name, fn in (("decoder step", decode), ("200 tiny add_", tiny)):
+        for mode_name, make in (("ControlFlowMode", lambda: ControlFlowMode(support, "bench")),
+                                ("bare TorchDispatchMode", _Bare)):
+            rows.append({"mode": mode_name, **measure(name, fn, make, args.rounds)})
+    print("| workload | mode | ops | eager (us) | with mode (us) | added/op (us) | ratio |")
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['workload']} | {r['ops']} | {r['eager_median_us']} | {r['with_mode_median_us']} | "
-              f"{r['added_per_op_us']} | {r['ratio']} |")
+        print(f"| {r['workload']} | {r['mode']} | {r['ops']} | {r['eager_median_us']} | "
+              f"{r['with_mode_median_us']} | {r['added_per_op_us']} | {r['ratio']} |")
     print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
     if args.json:
         out = {"tool": "bench_native_cf_mode", "created_utc": datetime.now(timezone.utc).isoformat(),
