@@ -60,8 +60,9 @@ def capture(
     """Run ``fn(*args)`` eagerly ``warmup`` times, then capture it into ``g`` and return its outputs.
 
     This is the usual device-graph recipe: warm-up lets libraries pick algorithms and allocate
-    workspaces outside the capture (under the backend's ``control_flow_warmup``); ``args`` are the static inputs to ``copy_`` fresh data into
-    before each ``g.replay()``; the returned tensors are the static outputs that replay refreshes.
+    workspaces outside the capture (under the backend's ``control_flow_warmup``); ``args`` are
+    the static inputs to ``copy_`` fresh data into before each ``g.replay()``; the returned
+    tensors are the static outputs that replay refreshes.
     ``graph_kwargs`` go to :func:`accel_graph.graph` (``pool=``, ``capture_error_mode=``).
     """
     from .. import graph
