@@ -11,7 +11,10 @@ capture would refuse, each with the Python source line that issued it:
 - at the Python API (:class:`~torch.overrides.TorchFunctionMode`), for what the dispatcher
   never sees: ``.tolist()`` and ``.numpy()`` (host reads), and, with a GPU ``target``,
   ``.cpu()`` / ``.to("cpu")`` (device-to-host copies, a sync) and factory calls without
-  ``device=`` (they make host tensors on a GPU box).
+  ``device=`` (they make host tensors on a GPU box);
+- with a GPU ``target``, ``torch.cond`` / ``torch.while_loop`` where this torch version cannot
+  capture them into that target's native graphs in any build (``while_loop`` on CUDA before
+  torch's while-node capture, both on XPU); the recorder captures them everywhere.
 
 Nothing is captured and no pool is touched; the function runs as it would eagerly. Importing
 this module loads the recorder backend (its rules); ``import accel_graph`` does not, because
@@ -30,6 +33,7 @@ from torch._ops import HigherOrderOperator
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from .backends.native_cf_support import python_level_refusal
 from .backends.recorder.control_flow import SUPPORTED, undo_dynamo_skip
 from .backends.recorder.ops import illegal_reason
 from .backends.recorder.plan import user_frame
@@ -145,6 +149,9 @@ class _DispatchFlagger(TorchDispatchMode):
 
     def _run_higher_order(self, func: HigherOrderOperator, args: tuple, kwargs: dict) -> Any:
         name = func.name()
+        native = None if self.target is None else python_level_refusal(name, self.target)
+        if native is not None and name in SUPPORTED:  # the recorder takes it; the target's graphs not
+            self.report.findings.append(Finding(name, native, user_frame()))
         if name == "cond":
             pred, true_fn, false_fn, operands = args
             taken = true_fn if _host_bool(pred) else false_fn

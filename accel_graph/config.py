@@ -55,3 +55,13 @@ def default_compile() -> str | None:
     """The ``compile=`` a Graph uses when given none (``ACCEL_GRAPH_COMPILE``), or None."""
     value = os.environ.get(COMPILE_VAR, "").strip().lower()
     return value or None
+
+#: "0" keeps the control-flow mode out of native captures (docs/backends.md "Control flow").
+NATIVE_CONTROL_FLOW_VAR = "ACCEL_GRAPH_NATIVE_CONTROL_FLOW"
+
+
+def native_control_flow() -> bool:
+    """Whether native captures run under the control-flow mode (``torch.cond`` as conditional
+    nodes, clear refusals). On unless ``ACCEL_GRAPH_NATIVE_CONTROL_FLOW`` is 0/false/no/off:
+    the mode costs a Python call per captured op (tools/bench_native_cf_mode.py), at capture only."""
+    return os.environ.get(NATIVE_CONTROL_FLOW_VAR, "").strip().lower() not in {"0", "false", "no", "off"}

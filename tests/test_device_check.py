@@ -148,3 +148,62 @@ def test_multi_gpu_row_needs_two_cuda_or_rocm_gpus(tmp_path: Path) -> None:
     res = tool._run_child("multi_gpu_collectives", tmp_path, 120)
     assert res["status"] in ("error", "skipped"), res
     assert "NCCL" in res["summary"] or "2 GPUs" in res["summary"], res
+
+
+def test_control_flow_row_verdict_from_recorded_facts() -> None:
+    """The control_flow row's verdict on facts a GPU run would record (plumbing: the capture
+    itself needs a GPU). CUDA with if-nodes on torch 2.13: cond must replay right, while_loop
+    must be a CaptureError; any miss is a fail, never a pass."""
+    tool = load_tool()
+    assert "control_flow" in tool.ROWS and tool.CHILDREN["control_flow"] is tool.child_control_flow
+    assert tool.skip_reason("control_flow", {"native_backend": "xpu", "gpu_count": 1}) is None
+    good = {"cond_missing": None, "cond_checks": [True] * 4,
+            "random_error": ["CaptureError", "aten.rand_like.default draws random numbers ..."],
+            "while_missing": "it needs torch's while-node capture", "while_error": ["CaptureError", "..."],
+            "after_refusals_ok": True}
+    res = tool.control_flow_verdict(good)
+    assert res["status"] == "pass", res["summary"]
+    assert "cond: 4 replays equal to eager" in res["summary"]
+    bad_cases = [
+        ({"cond_checks": [True, False, True, True]}, "do NOT follow the data"),
+        ({"cond_error": ["RuntimeError", "CUDA error"]}, "should capture but raised RuntimeError"),
+        ({"random_error": None}, "random op"),
+        ({"while_error": ["AcceleratorError", "operation not permitted"]}, "not CaptureError"),
+        ({"while_error": None, "while_checks": [True] * 3}, "captured although detection said"),
+        ({"after_refusals_ok": False}, "after a refusal"),
+    ]
+    for change, words in bad_cases:
+        res = tool.control_flow_verdict({**good, **change})
+        assert res["status"] == "fail" and words in res["summary"], (change, res["summary"])
+    # ROCm / XPU: no conditional nodes, so refusals are the expected outcome
+    none = {"cond_missing": "no conditional nodes", "cond_error": ["CaptureError", "..."],
+            "while_missing": "no conditional nodes", "while_error": ["CaptureError", "..."],
+            "after_refusals_ok": True}
+    assert tool.control_flow_verdict(none)["status"] == "pass"
+    # torch with while-node capture: the loop must replay right
+    later = {**good, "while_missing": None, "while_error": None, "while_checks": [True, True, True]}
+    assert tool.control_flow_verdict(later)["status"] == "pass"
+
+
+def test_control_flow_child_runs_end_to_end_with_the_recorder_standing_in(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The control_flow child's own code, run here with the recorder (which captures cond and
+    while_loop everywhere) standing in for the native backend: it must capture, replay and
+    compare without tripping over itself. Says nothing about GPU behaviour."""
+    import contextlib
+
+    from accel_graph.backends import select_backend
+    from accel_graph.backends.native_cf_support import ControlFlowSupport
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: the row runs for real in tools/device_check.py")
+    tool = load_tool()
+    backend, _ = select_backend(None)
+    assert backend.name == "recorder"
+    monkeypatch.setattr(type(backend), "control_flow_support", lambda self: ControlFlowSupport(
+        "recorder", "recorder", None, None, None), raising=False)
+    monkeypatch.setattr(type(backend), "control_flow_warmup",
+                        lambda self, spec: contextlib.nullcontext(), raising=False)
+    facts = tool.child_control_flow(tmp_path, 1)["details"]
+    assert facts["cond_checks"] == [True] * 4 and facts["while_checks"] == [True] * 3, facts
+    assert facts["after_refusals_ok"] and facts["random_error"] is None  # the recorder allows it

@@ -30,6 +30,14 @@ or a hang in one row cannot stop the others; the exception or the output tail is
     functional ``all_reduce`` are warmed up on a side stream, captured in an
     ``accel_graph.Graph`` (a native CUDA/HIP graph), replayed three times with new inputs and
     compared with the eager collective (bitwise). With one GPU it is ``skipped`` with the count.
+``control_flow``
+    ``torch.cond`` in an ``accel_graph.Graph`` on the native backend (CUDA conditional nodes where
+    the build has them), warmed up with ``backend.control_flow_warmup``: replays with other data
+    and either predicate must equal eager bitwise; a random op in a branch must be refused with
+    ``CaptureError``; ``torch.while_loop`` must be refused with ``CaptureError`` where torch has no
+    while-node capture (2.13) and replay right where it has; after each refusal a new capture and
+    the earlier graph still work. Where detection says cond is missing (ROCm, XPU, CUDA < 12.4),
+    the expected outcome is the refusal.
 ``simulator_trace``
     a small workload recorded twice with torch's own recorder (``_record_memory_history`` +
     ``_snapshot()``), from an emptied cache, under native and then expandable segments; both
@@ -298,7 +306,7 @@ def skip_reason(row: str, env: dict[str, Any]) -> str | None:
         return "skipped: no GPU"
     if backend == "xpu" and row == "multi_gpu_collectives":
         return "skipped: needs CUDA or ROCm GPUs (the row drives NCCL/RCCL)"
-    if backend == "xpu" and row != "conformance":
+    if backend == "xpu" and row not in ("conformance", "control_flow"):
         return "skipped: needs a CUDA or ROCm GPU (XPU has no CUDAPluggableAllocator)"
     if row == "multi_gpu_collectives" and int(env.get("gpu_count") or 0) < 2:
         return f"skipped: needs at least 2 GPUs, found {int(env.get('gpu_count') or 0)}"
@@ -703,46 +711,129 @@ def child_multi_gpu_collectives(out: Path, iters: int) -> dict[str, Any]:
 
 
 def child_control_flow(out: Path, iters: int) -> dict[str, Any]:
-    """torch.cond and torch.while_loop inside a native capture (issue 18): what this torch and
-    driver do today. accel-graph does not wire torch's conditional nodes yet, so a refusal is
-    ``pending`` (with torch's words), a capture that replays both branches right is a pass."""
+    """torch.cond and torch.while_loop inside a native capture (issue 18 item 3): cond both ways
+    (replays with other data and the other predicate, compared with eager bitwise), a random op
+    in a branch, while_loop (refused with CaptureError on torch 2.13, captured where torch has
+    while-node capture), and the graphs after each refusal. Verdict: :func:`control_flow_verdict`."""
     import torch
     from torch._higher_order_ops import while_loop
 
     import accel_graph
+    from accel_graph.backends import select_backend
 
-    dev = torch.device("cuda", 0)
+    backend, dev = select_backend(None)
+    spec = backend.device_spec(dev)
+    dev = torch.device(spec.device_type, spec.index)
+    support = backend.control_flow_support()
+    facts: dict[str, Any] = {"backend": backend.name, "torch": torch.__version__,
+                             "cuda": torch.version.cuda, "cond_missing": support.cond,
+                             "while_missing": support.while_loop}
     x = torch.randn(16, device=dev)
     pred = torch.tensor(True, device=dev)
     limit = torch.tensor(3, device=dev)
 
-    def step() -> tuple[torch.Tensor, torch.Tensor]:
-        y = torch.cond(pred, lambda x: x * 2, lambda x: x - 1, (x,))
-        _, z = while_loop(lambda i, z: i < limit, lambda i, z: (i + 1, z + 1),
-                          (torch.zeros((), dtype=torch.int64, device=dev), y))
-        return y, z
+    def branchy() -> torch.Tensor:
+        return torch.cond(pred, lambda t: t * 2, lambda t: t - 1, (x,))
 
-    results: dict[str, Any] = {"torch": torch.__version__, "cuda": torch.version.cuda}
-    _side_stream_warmup(torch, step)
+    def loop() -> tuple[torch.Tensor, torch.Tensor]:
+        start = torch.zeros((), dtype=torch.int64, device=dev)
+        return while_loop(lambda i, z: i < limit, lambda i, z: (i + 1, z + 1), (start, x.clone()))
+
+    def error(exc: BaseException) -> list[str]:
+        return [type(exc).__name__, str(exc)[:400]]
+
+    # Warm-up on the capture stream: the branch not taken and torch.cond's one-time TorchDynamo
+    # compile happen here, outside the capture.
+    with backend.stream_context(backend.capture_stream(spec)), backend.control_flow_warmup(spec):
+        for flag in (True, False):
+            pred.fill_(flag)
+            branchy()
+            loop()
+    backend.synchronize(spec)
+
     g = accel_graph.Graph(device=dev)
+    y = None
     try:
         with accel_graph.graph(g):
-            y, z = step()
-    except Exception as exc:  # what is missing, in torch's words
-        return _row("pending", f"pending: control flow inside a native capture is not wired yet "
-                    f"({type(exc).__name__}: {str(exc)[:300]})", **results)
-    checks = []
-    for flag, n in ((True, 3), (False, 5), (True, 0)):
-        pred.fill_(flag)
-        limit.fill_(n)
+            y = branchy()
+        checks = []
+        for flag in (True, False, False, True):
+            pred.fill_(flag)
+            x.copy_(torch.randn_like(x))
+            g.replay()
+            backend.synchronize(spec)
+            checks.append(bool(torch.equal(y, x * 2 if flag else x - 1)))
+        facts["cond_checks"] = checks
+    except Exception as exc:
+        facts["cond_error"] = error(exc)
+    try:
+        with accel_graph.graph(accel_graph.Graph(device=dev)):
+            torch.cond(pred, lambda t: t + torch.rand_like(t), lambda t: t, (x,))
+        facts["random_error"] = None
+    except Exception as exc:
+        facts["random_error"] = error(exc)
+    g2 = accel_graph.Graph(device=dev)
+    try:
+        with accel_graph.graph(g2):
+            _, z = loop()
+        checks = []
+        for n in (0, 1, 5):
+            limit.fill_(n)
+            g2.replay()
+            backend.synchronize(spec)
+            want = x.clone()
+            for _ in range(n):  # eager's additions, one at a time (x + n rounds differently)
+                want = want + 1
+            checks.append(bool(torch.equal(z, want)))
+        facts["while_checks"] = checks
+    except Exception as exc:
+        facts["while_error"] = error(exc)
+    after = []  # after the refusals: a fresh capture into g2 works, g still follows the data
+    g2.reset()
+    with accel_graph.graph(g2):
+        w = x + 1
+    g2.replay()
+    backend.synchronize(spec)
+    after.append(bool(torch.equal(w, x + 1)))
+    if y is not None:
+        pred.fill_(False)
         g.replay()
-        torch.cuda.synchronize()
-        want_y = x * 2 if flag else x - 1
-        checks.append(bool(torch.equal(y, want_y)) and bool(torch.equal(z, want_y + n)))
-    results["checks"] = checks
-    ok = all(checks)
-    return _row("pass" if ok else "fail", "torch.cond and torch.while_loop captured natively; replays "
-                + ("follow the data" if ok else "do NOT follow the data (a silent wrong result)"), **results)
+        backend.synchronize(spec)
+        after.append(bool(torch.equal(y, x - 1)))
+    facts["after_refusals_ok"] = all(after)
+    return control_flow_verdict(facts)
+
+
+def control_flow_verdict(facts: dict[str, Any]) -> dict[str, Any]:
+    """The ``control_flow`` row from what the child recorded. Where detection says an operator
+    can be captured (``*_missing`` None), its replays must all equal eager; where it says not,
+    the capture must have raised accel-graph's ``CaptureError``. A random op in a captured
+    branch must be a ``CaptureError``; graphs must work after every refusal."""
+    problems: list[str] = []
+    notes: list[str] = []
+    for op, key in (("cond", "cond"), ("while_loop", "while")):
+        missing, err, checks = facts.get(f"{key}_missing"), facts.get(f"{key}_error"), facts.get(f"{key}_checks")
+        if missing is None:
+            if err is not None:
+                problems.append(f"{op} should capture but raised {err[0]}: {err[1][:200]}")
+            elif not checks or not all(checks):
+                problems.append(f"{op} replays do NOT follow the data ({checks}): a silent wrong result")
+            else:
+                notes.append(f"{op}: {len(checks)} replays equal to eager")
+        elif err is None:
+            problems.append(f"{op} captured although detection said: {missing}")
+        elif err[0] != "CaptureError":
+            problems.append(f"{op} refused with {err[0]}, not CaptureError: {err[1][:200]}")
+        else:
+            notes.append(f"{op}: refused with CaptureError as expected")
+    if facts.get("cond_missing") is None:
+        rnd = facts.get("random_error")
+        if rnd is None or rnd[0] != "CaptureError" or "random" not in rnd[1]:
+            problems.append(f"a random op in a cond branch was not refused with CaptureError ({rnd})")
+    if not facts.get("after_refusals_ok"):
+        problems.append("graphs did not work after a refusal")
+    summary = "; ".join(problems or notes)
+    return _row("fail" if problems else "pass", summary, **facts)
 
 
 CHILDREN: dict[str, Callable[[Path, int], dict[str, Any]]] = {

@@ -273,6 +273,12 @@ class Backend(ABC):
         """A context manager making ``stream`` current; a no-op where streams do not exist."""
         return nullcontext()
 
+    def control_flow_warmup(self, device: DeviceSpec) -> AbstractContextManager[Any]:
+        """A context for the eager warm-up before a capture: where the backend captures
+        ``torch.cond`` into device-side conditional nodes, both branches get their first-use
+        setup here (native backends); a no-op elsewhere (the recorder needs no warm-up)."""
+        return nullcontext()
+
     @abstractmethod
     def is_current_stream_capturing(self, device: DeviceSpec) -> bool:
         """Whether a capture is underway on the current stream (thread, for the recorder)."""

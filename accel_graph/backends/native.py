@@ -30,6 +30,8 @@ from typing import Any, ClassVar
 import torch
 
 from ..errors import AccelGraphError, BackendUnavailable, CaptureError, ConfigError
+from . import native_cf_support as cf_support
+from . import native_control_flow as control_flow
 from .base import (
     CAPTURE_ERROR_MODES,
     Backend,
@@ -98,6 +100,7 @@ class NativeGraphImpl(GraphImpl):
         self._before: int | None = None
         self._bytes: int | None = None
         self._debug = False
+        self._flow: control_flow.ControlFlowMode | None = None  # torch.cond & co during capture
 
     def capture_begin(self, pool: PoolHandle | None, capture_error_mode: str) -> None:
         b, pools = self._backend, self._backend.pools
@@ -122,12 +125,15 @@ class NativeGraphImpl(GraphImpl):
         self._graph, self._handle, self._torch_id = graph, pool, torch_id
         pools.captured(pool)
         b.capture_started(self)
+        self._flow = control_flow.start(b.control_flow_support(), self.device)
 
     def pool(self) -> PoolHandle:
         assert self._handle is not None  # the front end asks only after capture_begin
         return self._handle
 
     def capture_end(self) -> None:
+        control_flow.end(self._flow)  # raises if an error left a conditional body
+        self._flow = None
         try:
             self._graph.capture_end()
             self._backend.capture_stopped(self)
@@ -154,6 +160,8 @@ class NativeGraphImpl(GraphImpl):
     def abort_capture(self) -> None:
         graph, self._graph = self._graph, None
         self.__dict__.pop("replay", None)
+        control_flow.stop(self._flow)
+        self._flow = None
         self._backend.capture_stopped(self)
         if graph is None:
             return
@@ -318,6 +326,17 @@ class NativeGraphBackend(Backend):
             kwargs["capture_error_mode"] = mode
         graph.capture_begin(**kwargs)
 
+    def control_flow_support(self) -> cf_support.ControlFlowSupport:
+        """What this backend captures of torch.cond / torch.while_loop / torch.switch
+        (feature-detected by API on each call; :mod:`.native_cf_support`). Must not raise."""
+        return cf_support.detect_support(self.name, self.module_name, self.module)
+
+    def control_flow_warmup(self, device: DeviceSpec) -> AbstractContextManager[Any]:
+        """A context for the eager warm-up before a capture with torch.cond: both branches
+        are captured once into a throwaway graph, so the branch not taken by the warm-up has
+        its first-use setup outside the real capture. A no-op where nothing is captured natively."""
+        return control_flow.warmup(self.control_flow_support(), self.module, device)
+
     def before_reset(self, device: DeviceSpec) -> None:  # noqa: B027 - hip overrides
         """Called just before ``reset()`` drops a graph executable on ``device`` (hip
         synchronizes here). May run inside another capture: must not synchronize then."""
@@ -334,6 +353,7 @@ class NativeGraphBackend(Backend):
             facts.append(("device_count", str(self.module.device_count())))
         except Exception as exc:
             facts.append(("device_count", f"unknown ({exc})"))
+        facts.append(("control flow", cf_support.summary(self.control_flow_support())))
         return iter(facts)
 
     # -- policy: capture (called by NativeGraphImpl) ------------------------------------------

@@ -154,7 +154,8 @@ HIP_QUIRKS: tuple[HipQuirk, ...] = (
         id="no-conditional-nodes",
         what="HIP graphs have no conditional nodes: torch's begin_capture_to_if_node errors on "
         "ROCm as if CUDA < 12.4, so torch.cond cannot become an in-graph branch",
-        mitigation="reported only; capture torch.cond regions eagerly or split the graph",
+        mitigation="torch.cond / torch.while_loop inside a HIP capture raise CaptureError saying so "
+        "(native_cf_support); run them under the recorder (device='cpu') or outside the capture",
         references=("pytorch/pytorch:aten/src/ATen/cuda/CUDAGraph.cpp@00cbb1f",
                     "torch-internals §2 (ROCm), §7"),
     ),

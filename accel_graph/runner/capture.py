@@ -135,10 +135,12 @@ def _warm_and_capture(rt: RunnerRuntime, bucket: Bucket, undo_warmup: bool) -> N
     backend = rt.backend
     spec = backend.device_spec(rt.device)
     # Warm-up on the stream capture will use (per-stream library handles, e.g. hipBLASLt, must
-    # exist before capture): workspaces, lazy init, algorithm choice.
+    # exist before capture): workspaces, lazy init, algorithm choice; and, on native backends,
+    # both branches of every torch.cond (control_flow_warmup), not only the one taken.
     undo = UndoLog() if undo_warmup else contextlib.nullcontext()
     try:
-        with torch.no_grad(), backend.stream_context(backend.capture_stream(spec)), undo:
+        with torch.no_grad(), backend.stream_context(backend.capture_stream(spec)), undo, \
+                backend.control_flow_warmup(spec):
             warm = rt.fn(*args, **kwargs)
     except (OutOfMemoryError, torch.OutOfMemoryError, MemoryError) as exc:
         disable_bucket(rt, bucket, "failed", f"eager warm-up ran out of memory: {reason_of(exc)}", exc)

@@ -60,14 +60,17 @@ def capture(
     """Run ``fn(*args)`` eagerly ``warmup`` times, then capture it into ``g`` and return its outputs.
 
     This is the usual device-graph recipe: warm-up lets libraries pick algorithms and allocate
-    workspaces outside the capture; ``args`` are the static inputs to ``copy_`` fresh data into
-    before each ``g.replay()``; the returned tensors are the static outputs that replay refreshes.
+    workspaces outside the capture (under the backend's ``control_flow_warmup``); ``args`` are
+    the static inputs to ``copy_`` fresh data into before each ``g.replay()``; the returned
+    tensors are the static outputs that replay refreshes.
     ``graph_kwargs`` go to :func:`accel_graph.graph` (``pool=``, ``capture_error_mode=``).
     """
     from .. import graph
 
-    for _ in range(warmup):
-        fn(*args)
+    # On native backends, both branches of every torch.cond are warmed up, not only the taken one.
+    with g.backend.control_flow_warmup(g.device):
+        for _ in range(warmup):
+            fn(*args)
     synchronize(g)
     with graph(g, **graph_kwargs):
         out = fn(*args)

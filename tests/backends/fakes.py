@@ -400,3 +400,80 @@ class FakeXpuModule(FakeDeviceModule):
         else:
             monkeypatch.setattr(torch.accelerator, "Graph", self.AcceleratorGraph, raising=False)
         monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda *a, **k: torch.device("xpu"))
+
+
+# -- FAKE conditional-node capture (issue 18): plumbing only ----------------------------------
+def install_conditional_nodes(fake: FakeCudaModule, monkeypatch: pytest.MonkeyPatch, *,
+                              while_nodes: bool = False) -> list[tuple[str, Any]]:
+    """Give the FAKE ``torch.cuda.CUDAGraph`` torch 2.13's conditional-node methods (and, with
+    ``while_nodes``, upstream main's while-node ones), and replace torch's ``if_else_node`` /
+    ``while_loop_node`` with imitations that drive them without the ``pred.is_cuda`` check (the
+    fakes' tensors live on the CPU). Returns the shared call log. Nothing is captured: branch
+    ops run eagerly on the CPU, in the order the real builders issue them."""
+    import importlib
+
+    from torch.utils import _pytree as pytree
+
+    log: list[tuple[str, Any]] = []
+    cls = fake.CUDAGraph
+
+    def get_currently_capturing_graph() -> Any:
+        if fake.capturing is None:
+            raise RuntimeError("The current stream is not currently capturing.")
+        return fake.capturing
+
+    def begin_capture_to_if_node(self: Any, pred: torch.Tensor) -> None:
+        log.append(("begin_capture_to_if_node", bool(pred)))
+
+    def begin_capture_to_while_node(self: Any, pred: torch.Tensor) -> None:
+        log.append(("begin_capture_to_while_node", bool(pred)))
+
+    def set_current_conditional_node_condition(self: Any, pred: torch.Tensor) -> None:
+        log.append(("set_current_conditional_node_condition", bool(pred)))
+
+    def end_capture_to_conditional_node(self: Any) -> None:
+        log.append(("end_capture_to_conditional_node", None))
+
+    monkeypatch.setattr(cls, "get_currently_capturing_graph", staticmethod(get_currently_capturing_graph), raising=False)
+    monkeypatch.setattr(cls, "begin_capture_to_if_node", begin_capture_to_if_node, raising=False)
+    monkeypatch.setattr(cls, "end_capture_to_conditional_node", end_capture_to_conditional_node, raising=False)
+
+    def if_else_node(pred: torch.Tensor, true_fn: Any, false_fn: Any, operands: tuple) -> Any:
+        # torch 2.13's shape: two IF nodes (pred, then not pred); the false branch's results are
+        # copied into the true branch's, which are what the caller holds.
+        outs = []
+        for p, fn in ((pred, true_fn), (torch.logical_not(pred), false_fn)):
+            g = get_currently_capturing_graph()
+            g.begin_capture_to_if_node(p)
+            try:
+                outs.append(fn(*operands))
+                if len(outs) == 2:
+                    for a, b in zip(pytree.tree_leaves(outs[0]), pytree.tree_leaves(outs[1])):
+                        a.copy_(b)
+            finally:
+                g.end_capture_to_conditional_node()
+        return outs[0]
+
+    api = importlib.import_module("torch._higher_order_ops.cudagraph_conditional_nodes")
+    monkeypatch.setattr(api, "if_else_node", if_else_node)
+    if while_nodes:
+        monkeypatch.setattr(cls, "begin_capture_to_while_node", begin_capture_to_while_node, raising=False)
+        monkeypatch.setattr(cls, "set_current_conditional_node_condition",
+                            set_current_conditional_node_condition, raising=False)
+
+        def while_loop_node(cond_fn: Any, body_fn: Any, carried: tuple, additional: tuple) -> Any:
+            # upstream main's shape: clone the carries, one WHILE node whose body copies the
+            # results back and re-evaluates the condition (run once here: nothing loops).
+            state = tuple(c.clone() for c in carried)
+            g = get_currently_capturing_graph()
+            g.begin_capture_to_while_node(cond_fn(*state, *additional))
+            try:
+                for dst, src in zip(state, body_fn(*state, *additional)):
+                    dst.copy_(src)
+                g.set_current_conditional_node_condition(cond_fn(*state, *additional))
+            finally:
+                g.end_capture_to_conditional_node()
+            return state
+
+        monkeypatch.setattr(api, "while_loop_node", while_loop_node, raising=False)
+    return log

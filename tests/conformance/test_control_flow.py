@@ -17,12 +17,23 @@ from ._util import gen, randn
 pytestmark = pytest.mark.accel_graph_expected_fallback("control flow")
 
 
+def _needs(backend, op: str) -> None:
+    """Native backends capture what torch's node capture gives them (docs/backends.md "Control
+    flow inside native graphs"): skip, naming what is missing, where it gives none for ``op``;
+    test_native_refusal_* checks the refusal itself."""
+    support = getattr(backend, "control_flow_support", None)
+    why = support().missing(op) if support is not None else None
+    if why:
+        pytest.skip(f"{backend.name} cannot capture torch.{op} here: {why}")
+
+
 def _cond_step(p: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     y = torch.cond(p, lambda x, w: (x @ w).sin(), lambda x, w: (x - w.sum()).cos() * 3, (x, w))
     return y + 1
 
 
-def test_cond_takes_the_branch_the_predicate_says_at_replay(make_graph, device):
+def test_cond_takes_the_branch_the_predicate_says_at_replay(make_graph, device, backend):
+    _needs(backend, "cond")
     p = torch.tensor(True, device=device)
     x, w = randn(gen(0), 4, 4, device=device), randn(gen(1), 4, 4, device=device)
     g = make_graph()
@@ -34,7 +45,8 @@ def test_cond_takes_the_branch_the_predicate_says_at_replay(make_graph, device):
         torch.testing.assert_close(out, _cond_step(p, x, w), rtol=0, atol=0)
 
 
-def test_cond_with_a_predicate_computed_in_the_graph(make_graph, device):
+def test_cond_with_a_predicate_computed_in_the_graph(make_graph, device, backend):
+    _needs(backend, "cond")
     def fn(x):
         return torch.cond(x.sum() > 0, lambda x: x * 2, lambda x: x.abs() + 100, (x,))
 
@@ -47,7 +59,8 @@ def test_cond_with_a_predicate_computed_in_the_graph(make_graph, device):
         torch.testing.assert_close(out, fn(x), rtol=0, atol=0)
 
 
-def test_cond_with_several_outputs(make_graph, device):
+def test_cond_with_several_outputs(make_graph, device, backend):
+    _needs(backend, "cond")
     # (torch.cond refuses branches that return an operand itself: "Higher order ops do not
     # support aliasing"; a view or clone is fine.)
     def fn(p, a, b):
@@ -70,7 +83,8 @@ def _count_to(limit: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch
 
 
 @pytest.mark.parametrize("iterations", [0, 1, 7])
-def test_while_loop_runs_as_many_iterations_as_the_data_says(make_graph, device, iterations):
+def test_while_loop_runs_as_many_iterations_as_the_data_says(make_graph, device, iterations, backend):
+    _needs(backend, "while_loop")
     limit = torch.tensor(3, device=device)
     x = randn(gen(5), 5, device=device)
     g = make_graph()
@@ -82,7 +96,8 @@ def test_while_loop_runs_as_many_iterations_as_the_data_says(make_graph, device,
     torch.testing.assert_close(x_out, x_e, rtol=0, atol=0)
 
 
-def test_while_loop_carries_several_dtypes_and_swaps_carries(make_graph, device):
+def test_while_loop_carries_several_dtypes_and_swaps_carries(make_graph, device, backend):
+    _needs(backend, "while_loop")
     def fn(a, b, n):
         def body(i, a, b, n):
             return i + 1, b.clone(), a.clone(), n.logical_not()  # a swap (torch refuses returning a carry itself)
@@ -100,10 +115,11 @@ def test_while_loop_carries_several_dtypes_and_swaps_carries(make_graph, device)
     assert out[3].dtype == torch.bool
 
 
-def test_while_loop_body_writes_a_captured_input_and_exits_early(make_graph, device):
+def test_while_loop_body_writes_a_captured_input_and_exits_early(make_graph, device, backend):
     """torch's eager while_loop refuses a body that mutates a captured tensor (its compile
     path forbids input mutation); the recorder records the write like any in-place op, so the
     reference here is the same loop in Python."""
+    _needs(backend, "while_loop")
     acc = torch.zeros(4, device=device)
     stop = torch.tensor(100.0, device=device)
 
@@ -136,7 +152,8 @@ def test_while_loop_body_writes_a_captured_input_and_exits_early(make_graph, dev
     assert int(out[0]) == 10  # threshold 1e9: the bound, not the data, stopped it
 
 
-def test_nested_cond_inside_while_loop(make_graph, device):
+def test_nested_cond_inside_while_loop(make_graph, device, backend):
+    _needs(backend, "while_loop")
     def fn(x):
         def body(i, x):
             x = torch.cond(i % 2 == 0, lambda x: x + 1, lambda x: x * 3, (x,))
@@ -151,16 +168,20 @@ def test_nested_cond_inside_while_loop(make_graph, device):
     torch.testing.assert_close(out[1], fn(x)[1], rtol=0, atol=0)
 
 
-def test_bad_predicates_and_branches_are_refused(make_graph, device):
+def test_bad_predicates_and_branches_are_refused(make_graph, device, backend):
+    _needs(backend, "cond")
     x = randn(gen(8), 4, device=device)
     cases = [
         # torch checks the predicate itself before the capture sees it (its error, its type).
         (lambda x: torch.cond(x > 0, lambda x: x * 1, lambda x: -x, (x,)), "single-element tensor"),
         (lambda x: torch.cond(x.sum() > 0, lambda x: x * 1, lambda x: x[:2] * 1, (x,)), "same shape"),
-        (lambda x: torch.cond(x.sum() > 0, lambda x: x * 1, lambda x: x.double(), (x,)), "same shape, dtype"),
-        (lambda x: while_loop(lambda i, x: i < 3, lambda i, x: (i + 1, x[:2]),
-                              (torch.tensor(0, device=device), x)), "same shape"),
+        # On native backends eager torch.cond's TorchDynamo pass checks dtypes first (torch's words).
+        (lambda x: torch.cond(x.sum() > 0, lambda x: x * 1, lambda x: x.double(), (x,)),
+         "same shape, dtype|expected same dtype"),
     ]
+    if not (getattr(backend, "control_flow_support", None) and backend.control_flow_support().while_loop):
+        cases.append((lambda x: while_loop(lambda i, x: i < 3, lambda i, x: (i + 1, x[:2]),
+                                           (torch.tensor(0, device=device), x)), "same shape|aliasing"))
     for fn, match in cases:
         g = make_graph()
         with pytest.raises((CaptureError, RuntimeError), match=match):
@@ -180,3 +201,24 @@ def test_python_branch_on_a_tensor_points_at_torch_cond(make_graph, device):
     g = make_graph()
     with pytest.raises(CaptureError, match="torch.cond"):
         capture(g, fn, randn(gen(9), 4, device=device), warmup=0)
+
+
+def test_native_refusal_names_what_is_missing_and_graphs_survive(make_graph, device, backend):
+    """Where a native backend cannot capture torch.while_loop (torch 2.13 CUDA, ROCm, XPU), the
+    capture raises CaptureError naming what is missing and pointing at the recorder; the
+    graphs captured before keep replaying and the next capture works."""
+    support = getattr(backend, "control_flow_support", None)
+    if support is None or not support().while_loop:
+        pytest.skip(f"{backend.name} captures torch.while_loop")
+    x = randn(gen(11), 5, device=device)
+    before = make_graph()
+    doubled = capture(before, lambda x: x * 2, x)
+    g = make_graph()
+    with pytest.raises(CaptureError, match=r"torch\.while_loop cannot be captured into .*device='cpu'"):
+        capture(g, _count_to, torch.tensor(3, device=device), x, warmup=0)
+    x.copy_(randn(gen(12), 5, device=device))
+    before.replay()
+    torch.testing.assert_close(doubled, x * 2, rtol=0, atol=0)
+    out = capture(g, lambda x: x + 1, x)
+    g.replay()
+    torch.testing.assert_close(out, x + 1, rtol=0, atol=0)

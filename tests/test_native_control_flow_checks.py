@@ -1,0 +1,33 @@
+"""check_capturable with a GPU target and control flow (issue 18 item 3): ``torch.cond`` /
+``torch.while_loop`` that this torch version cannot capture into the target's native graphs are
+findings (the recorder captures both everywhere, so without a target they are not)."""
+
+from __future__ import annotations
+
+import torch
+from torch._higher_order_ops import while_loop
+
+import accel_graph
+from accel_graph.backends.native_cf_support import torch_module
+
+
+def _fn(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    y = torch.cond(x.sum() > 0, lambda x: x * 2, lambda x: x - 1, (x,))
+    start = torch.zeros((), dtype=torch.int64, device=x.device)
+    return while_loop(lambda i, y: i < 3, lambda i, y: (i + 1, y + 1), (start, y))
+
+
+def test_check_capturable_flags_control_flow_the_target_cannot_capture() -> None:
+    x = torch.ones(3)
+    assert accel_graph.check_capturable(_fn, x).ok  # the recorder's rules: both captured
+    cuda = accel_graph.check_capturable(_fn, x, target="cuda")
+    if hasattr(torch_module(), "while_loop_node"):  # a torch with while-node capture
+        assert cuda.ok, cuda.format()
+    else:
+        assert [f.op for f in cuda.findings] == ["while_loop"], cuda.format()
+        assert "cannot capture torch.while_loop into a CUDA graph" in cuda.findings[0].reason
+        assert "device='cpu'" in cuda.findings[0].reason
+    xpu = accel_graph.check_capturable(_fn, x, target="xpu")
+    assert [f.op for f in xpu.findings] == ["cond", "while_loop"], xpu.format()
+    assert all("CUDA graphs only" in f.reason for f in xpu.findings)
+    torch.testing.assert_close(xpu.result[1], x * 2 + 3)  # still ran as eager
