@@ -197,7 +197,12 @@ def _outer_dispatch_keys() -> Any:
 def _fresh_like(cap: Capture, t: torch.Tensor) -> torch.Tensor:
     """A pool tensor with ``t``'s shape, dtype and device (and its strides where they are dense
     and non-overlapping, as ``empty_like``), booked as an output of the capture."""
-    stride = torch.empty_like(t, device="meta").stride()
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    # Outside the recording mode: inside a cond branch the mode is active, and the meta
+    # factory would be recorded as a step (a meta tensor Inductor's program then copied into).
+    with _disable_current_modes():
+        stride = torch.empty_like(t, device="meta").stride()
     return cap.allocate_output(t.shape, stride, t.dtype, t.device)
 
 
