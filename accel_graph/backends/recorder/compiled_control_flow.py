@@ -39,6 +39,7 @@ from .program import CONTROL_KINDS, build_replay, materialize
 from .pytree import tree_flatten
 
 log = logging.getLogger("accel_graph")
+aten = torch.ops.aten
 
 #: What each sub-program of a control-flow step is, by step kind, in ``extra[1:]`` order.
 ROLES = {"cond": ("true branch", "false branch"), "while": ("predicate (cond_fn)", "body")}
@@ -133,7 +134,7 @@ def _compiled_sub(sub: list[Step], pool: GraphPool, compile_sub: SubCompiler, ou
         staged_sub, pairs = stage_reads_before_writes(sub, pool)
         run, info = compile_sub(staged_sub, written_back(sub, outside), pool, outside)
         if pairs:
-            run = _with_snapshots(run, tuple(pairs))
+            run = with_snapshots(run, tuple(pairs))
             info = {**info, "snapshots": len(pairs)}
     except Exception as exc:  # any compiler failure: this sub-program alone runs interpreted
         text = str(exc).strip()
@@ -154,15 +155,19 @@ _WRITE_ONLY = ("aten::copy_", "aten::fill_", "aten::zero_")
 
 
 def stage_reads_before_writes(sub: list[Step], pool: GraphPool) -> tuple[list[Step], list[tuple[torch.Tensor, torch.Tensor]]]:
-    """``sub`` with every read of memory it overwrites later (a carry buffer the body reads,
-    then overwrites with its result; memory the sub-program did not allocate) taken from a
-    private snapshot instead, and the ``(memory, snapshot)`` pairs to copy before each run.
+    """``sub`` (a sub-program, or a whole graph) with the reads of memory it copies and then
+    overwrites (a carry buffer the body clones, then overwrites with its result; memory the
+    program did not allocate) taken from a private snapshot instead, and the
+    ``(memory, snapshot)`` pairs to copy before each run.
 
-    Why: Inductor (torch 2.13) elides the ``clone`` of an input that is overwritten later in
-    the same program, so a body that swaps two carries (``a, b = b.clone(), a.clone()``) read
-    one after the other was overwritten: wrong values (``torch.compile`` of the same function
-    gets them wrong too). A snapshot is never written, so the order no longer matters. Reads at
-    or after the first write stay on the memory itself (they must see the write).
+    Why: Inductor (torch 2.13) elides the copy of an input that is overwritten later in the
+    same program (``c = a.clone()`` or ``c = empty_like(a).copy_(a)``, then ``a.copy_(b)``:
+    ``c`` reads the new ``a``), so a body that swaps two carries (``a, b = b.clone(),
+    a.clone()``) lost one; ``torch.compile`` of the same function gets it wrong too. Reads by
+    other ops (arithmetic, matmul, indexing) came out right and are left alone, so a decode body
+    or a training step pays nothing. A snapshot is never written, so the order no longer
+    matters; every read of such memory before its first write uses it, reads at or after the
+    first write stay on the memory itself (they must see the write).
     Raises :class:`StagingUnsupported` where such memory is also reached through another,
     overlapping location (a view of it), which the substitution would miss.
     """
@@ -172,8 +177,13 @@ def stage_reads_before_writes(sub: list[Step], pool: GraphPool) -> tuple[list[St
     last_read: dict[Any, int] = {}
     views: set[Any] = set()  # views made by the sub-program itself
     places: dict[Any, Any] = {}  # key -> the PoolRef or tensor
+    first_copied: dict[Any, int] = {}  # read by a copying op (the reads Inductor gets wrong)
     for k, step in enumerate(sub):
         written, read = _step_access(step)
+        for x in _copied(step):
+            key = _key(x, made)
+            if key is not None:
+                first_copied.setdefault(key, k)
         if step.kind == "view":
             views.update(_key(x, made) for x in step.outputs)
         for x in read:
@@ -187,7 +197,7 @@ def stage_reads_before_writes(sub: list[Step], pool: GraphPool) -> tuple[list[St
             if key is not None:
                 first_write.setdefault(key, k)
                 places[key] = x
-    staged = [key for key, k in first_write.items() if first_read.get(key, k) < k]
+    staged = [key for key, k in first_write.items() if first_copied.get(key, k) < k]
     if not staged:
         return sub, []
     for key in staged:
@@ -205,6 +215,17 @@ def stage_reads_before_writes(sub: list[Step], pool: GraphPool) -> tuple[list[St
         here = {key: snaps[key] for key in staged if k < first_write[key]}
         out.append(_substituted(step, here, made) if here else step)
     return out, pairs
+
+
+def _copied(step: Step) -> list[Any]:
+    """What a step reads only to copy it (``clone``, ``copy_`` from it; in sub-programs too)."""
+    if step.kind in CONTROL_KINDS:
+        return [x for s in sub_steps(step) for x in _copied(s)]
+    if step.func is aten.clone.default and step.args:
+        return [step.args[0]]
+    if step.kind == "mutate" and step.func is aten.copy_.default and len(step.args) > 1:
+        return [step.args[1]]
+    return []
 
 
 def _key(x: Any, made: set[PoolRef]) -> Any:
@@ -287,7 +308,8 @@ def _substituted(step: Step, snaps: dict[Any, torch.Tensor], made: set[PoolRef])
                 step.strategy, extra, step.positions, step.grad)
 
 
-def _with_snapshots(run: Callable[[], None], pairs: tuple[tuple[torch.Tensor, torch.Tensor], ...]) -> Callable[[], None]:
+def with_snapshots(run: Callable[[], None], pairs: tuple[tuple[torch.Tensor, torch.Tensor], ...]) -> Callable[[], None]:
+    """``run`` preceded by refreshing each snapshot from its memory."""
     def snapshot_then_run() -> None:
         for memory, snap in pairs:
             snap.copy_(memory)

@@ -23,7 +23,14 @@ from typing import Any
 
 from .capture import InputRecord, Step
 from .compiled import compile_program
-from .compiled_control_flow import allocations, compile_control, pool_reads, reads
+from .compiled_control_flow import (
+    allocations,
+    compile_control,
+    pool_reads,
+    reads,
+    stage_reads_before_writes,
+    with_snapshots,
+)
 from .pool_protocol import GraphPool, PoolRef, refs_overlap
 from .program import build_replay, materialize
 
@@ -49,6 +56,11 @@ def compile_any(
     and returns ``(replay_fn, info)`` like it. Control-flow steps have each sub-program compiled
     (:mod:`.compiled_control_flow`; one that fails replays interpreted, logged, without failing
     the rest). ``outside``: for a sub-program, the pool locations read outside it."""
+    if outside is None:  # the whole graph (sub-programs are staged by compile_control)
+        steps, pairs = stage_reads_before_writes(steps, pool)
+        if pairs:
+            run, info = compile_any(steps, inputs, outputs, pool, compile_fn, [])
+            return with_snapshots(run, tuple(pairs)), {**info, "snapshots": len(pairs)}
     if not has_host_steps(steps):
         return compile_fn(steps, inputs, outputs, pool)
     around = [*(outside or ()), *outputs]
