@@ -147,3 +147,35 @@ def test_compiled_multi_step_decode_equals_interpreted(batch, early):
         results.append((out.clone(), int(count)))
     assert torch.equal(results[0][0], results[1][0])
     assert results[0][1] == results[1][1] == stop
+
+
+def _ops(steps) -> list[str]:
+    out = []
+    for s in steps:
+        out.append(str(s.func))
+        if s.kind in ("cond", "while"):
+            for sub in s.extra[1:]:
+                out += _ops(sub)
+    return out
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_a_loop_body_records_the_ops_the_outer_capture_records(grad):
+    """torch's autograd rule runs while_loop with the autograd keys excluded; the body must
+    still see composite ops decomposed (``mm``), as the outer capture does, not ``linear`` whole
+    (whose ``.out`` kernel re-decomposes at every replay: a decode body ran ~2x slower)."""
+    w, x = torch.randn(4, 4), torch.randn(2, 4)
+    g = accel_graph.Graph(device="cpu")
+    with torch.set_grad_enabled(grad), accel_graph.graph(g):
+        outer = torch.nn.functional.linear(x, w).softmax(-1)
+        out = while_loop(lambda i, y: i < 2,
+                         lambda i, y: (i + 1, torch.nn.functional.linear(y, w).softmax(-1)),
+                         (torch.tensor(0), outer))
+    ops = _ops(g._impl._frozen_steps)  # the recorded program, sub-programs included
+    assert ops.count("aten.mm.default") == 2 and ops.count("aten._softmax.default") == 2, ops
+    assert "aten.linear.default" not in ops and "aten.softmax.int" not in ops, ops
+    g.replay()
+    y = outer
+    for _ in range(2):
+        y = torch.nn.functional.linear(y, w).softmax(-1)
+    torch.testing.assert_close(out[1], y, rtol=0, atol=0)

@@ -173,7 +173,6 @@ def stage_reads_before_writes(sub: list[Step], pool: GraphPool) -> tuple[list[St
     """
     made = {ref for step in sub for ref in allocations(step)}
     first_write: dict[Any, int] = {}
-    first_read: dict[Any, int] = {}
     last_read: dict[Any, int] = {}
     views: set[Any] = set()  # views made by the sub-program itself
     places: dict[Any, Any] = {}  # key -> the PoolRef or tensor
@@ -189,7 +188,6 @@ def stage_reads_before_writes(sub: list[Step], pool: GraphPool) -> tuple[list[St
         for x in read:
             key = _key(x, made)
             if key is not None:
-                first_read.setdefault(key, k)
                 last_read[key] = k
                 places[key] = x
         for x in written:
