@@ -12,7 +12,9 @@ such tensor, which keeps the values equal to interpreted replay.
 A stretch whose outputs reuse pool memory of tensors it reads from earlier stretches (they died
 in it) replays interpreted: its compiled placeholders would alias, which AOT cannot trace with
 static shapes. ``debug_dump``'s ``compiled.interpreted_stretches`` lists their sizes.
-Programs without host steps compile as one program, unchanged.
+Programs without host steps compile as one program, unchanged. Control-flow steps (``cond``,
+``while``) sit between stretches like host steps, with each of their sub-programs compiled in
+turn (:mod:`.compiled_control_flow`, which calls back into :func:`compile_any` for nesting).
 """
 
 from __future__ import annotations
