@@ -3,8 +3,10 @@
 
 Both decode the same N greedy tokens at batch 1 from the same start: one graph of
 ``decode_steps(steps=N)`` replayed once, or one graph of ``decode_step`` replayed N times with
-the argmax and the input update in Python between replays (what a server loop does). Eager
-under ``inference_mode`` is the baseline. Interleaved rounds, medians, 1 torch thread.
+the argmax and the input update in Python between replays (what a server loop does); each
+interpreted and compiled (``compile="inductor"``: the multi-step graph's loop predicate and
+body are Inductor programs, the loop on the host). Eager under ``inference_mode`` is the
+baseline. Interleaved rounds, medians, 1 torch thread.
 
     bash tools/dev.sh run python tools/bench_multistep.py [--steps 8] [--rounds 21] --json out.json
 """
@@ -35,15 +37,18 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     model = Decoder(DecoderConfig())
     tok, pos = torch.tensor([3]), torch.tensor([0])
+    graphs = {}
     with torch.no_grad():
-        one = accel_graph.Graph(device="cpu")
-        with accel_graph.graph(one):
-            logits = model.decode_step(tok, pos)
-        multi = accel_graph.Graph(device="cpu")
-        with accel_graph.graph(multi):
-            out, count = model.decode_steps(tok, pos, steps=a.steps)
+        for mode in (None, "inductor"):  # interpreted, then compiled replay
+            one = accel_graph.Graph(device="cpu", compile=mode)
+            with accel_graph.graph(one):
+                logits = model.decode_step(tok, pos)
+            multi = accel_graph.Graph(device="cpu", compile=mode)
+            with accel_graph.graph(multi):
+                out, count = model.decode_steps(tok, pos, steps=a.steps)
+            graphs[mode] = (one, logits, multi, out)
 
-    def run_one() -> torch.Tensor:
+    def run_one(one: accel_graph.Graph, logits: torch.Tensor) -> torch.Tensor:
         toks = []
         for _ in range(a.steps):
             one.replay()
@@ -61,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
             q = q + 1
         return torch.stack(toks, 1)
 
-    times: dict[str, list[float]] = {"eager": [], "one_step_replays": [], "multi_step_replay": []}
+    times: dict[str, list[float]] = {"eager": [], "one_step_replays": [], "multi_step_replay": [],
+                                     "one_step_replays_compiled": [], "multi_step_replay_compiled": []}
     results = {}
     with torch.inference_mode():
         for _ in range(a.rounds):
@@ -70,10 +76,11 @@ def main(argv: list[str] | None = None) -> int:
                 tok.fill_(3)
                 pos.zero_()
                 t0 = time.perf_counter()
+                one, logits, multi, out = graphs["inductor" if name.endswith("compiled") else None]
                 if name == "eager":
                     results[name] = run_eager()
-                elif name == "one_step_replays":
-                    results[name] = run_one()
+                elif name.startswith("one_step"):
+                    results[name] = run_one(one, logits)
                 else:
                     multi.replay()
                     results[name] = out.clone()
@@ -87,12 +94,20 @@ def main(argv: list[str] | None = None) -> int:
            "hardware": {"cores": os.cpu_count(), "machine": platform.machine(), "torch": torch.__version__,
                         "torch_threads": 1},
            "settings": vars(a), "tokens_equal_eager": equal, "rows": rows,
-           "multi_vs_one_step_tokens_per_s": med["one_step_replays"] / med["multi_step_replay"]}
+           "multi_vs_one_step_tokens_per_s": med["one_step_replays"] / med["multi_step_replay"],
+           "compiled_multi_vs_one_step_tokens_per_s":
+               med["one_step_replays"] / med["multi_step_replay_compiled"],
+           "compiled_multi_vs_compiled_one_step_tokens_per_s":
+               med["one_step_replays_compiled"] / med["multi_step_replay_compiled"],
+           "load_avg_1m": os.getloadavg()[0]}
     print(f"batch 1, {a.steps} tokens, {a.rounds} interleaved rounds; tokens equal to eager: {equal}")
     print("| variant | median ms | tokens/s | x eager time |\n|---|---|---|---|")
     for r in rows:
         print(f"| {r['variant']} | {r['median_ms']:.2f} | {r['tokens_per_s']:.0f} | {r['x_eager_time']:.3f} |")
-    print(f"multi-step / one-step tokens per second: {res['multi_vs_one_step_tokens_per_s']:.3f}")
+    print(f"multi-step / one-step tokens per second (interpreted): {res['multi_vs_one_step_tokens_per_s']:.3f}")
+    print(f"compiled multi-step / interpreted one-step: {res['compiled_multi_vs_one_step_tokens_per_s']:.3f}; "
+          f"compiled multi-step / compiled one-step: {res['compiled_multi_vs_compiled_one_step_tokens_per_s']:.3f}; "
+          f"load average {res['load_avg_1m']:.2f}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=2)

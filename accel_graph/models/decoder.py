@@ -225,20 +225,22 @@ class Decoder(nn.Module):
 
         b, dev = tokens.shape[0], tokens.device
         eos = torch.full((), -1 if eos_id is None else int(eos_id), dtype=torch.int64, device=dev)
-        columns = torch.arange(steps, device=dev)
 
-        def cond(i: Tensor, tok: Tensor, pos: Tensor, out: Tensor, done: Tensor) -> Tensor:
-            return (i < steps) & done.logical_not().any()
+        # Few ops per iteration (each is a kernel call at every step of a replayed loop): rows
+        # still running are carried as ``live`` (not ``done``, which the predicate would negate
+        # every time), and the new column is written with one index_copy.
+        def cond(i: Tensor, tok: Tensor, pos: Tensor, out: Tensor, live: Tensor) -> Tensor:
+            return (i < steps) & live.any()
 
-        def body(i: Tensor, tok: Tensor, pos: Tensor, out: Tensor, done: Tensor) -> tuple[Tensor, ...]:
+        def body(i: Tensor, tok: Tensor, pos: Tensor, out: Tensor, live: Tensor) -> tuple[Tensor, ...]:
             nxt = self.decode_step(tok, pos).argmax(dim=-1)
-            nxt = torch.where(done, tok, nxt)  # finished rows keep their EOS
-            out = torch.where(columns.unsqueeze(0) == i, nxt.unsqueeze(1), out)
-            return i + 1, nxt, pos + 1, out, done | (nxt == eos)
+            nxt = torch.where(live, nxt, tok)  # finished rows keep their EOS
+            out = out.index_copy(1, i.reshape(1), nxt.unsqueeze(1))
+            return i + 1, nxt, pos + 1, out, live & (nxt != eos)
 
         init = (torch.zeros((), dtype=torch.int64, device=dev), tokens.clone(), positions.clone(),
                 torch.full((b, steps), -1, dtype=torch.int64, device=dev),
-                torch.zeros(b, dtype=torch.bool, device=dev))
+                torch.ones(b, dtype=torch.bool, device=dev))
         i, _, _, out, _ = while_loop(cond, body, init)
         return out, i
 

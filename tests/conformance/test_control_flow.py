@@ -9,12 +9,12 @@ import torch
 from torch._higher_order_ops import while_loop
 
 from accel_graph import CaptureError
-from accel_graph.testing import capture
+from accel_graph.testing import assert_replay_matches, capture
 
 from ._util import gen, randn
 
-# Compiled replay runs control flow through the interpreter (a logged fallback, expected).
-pytestmark = pytest.mark.accel_graph_expected_fallback("control flow")
+# Compiled replay (the recorder+inductor cases) compiles every branch, predicate and body as a
+# program of its own, the loop and branch choice on the host: no fallback is expected here.
 
 
 def _needs(backend, op: str) -> None:
@@ -42,7 +42,7 @@ def test_cond_takes_the_branch_the_predicate_says_at_replay(make_graph, device, 
         p.fill_(flag)
         x.copy_(randn(gen(int(flag) + 7), 4, 4, device=device))
         g.replay()
-        torch.testing.assert_close(out, _cond_step(p, x, w), rtol=0, atol=0)
+        assert_replay_matches(out, _cond_step(p, x, w))
 
 
 def test_cond_with_a_predicate_computed_in_the_graph(make_graph, device, backend):
@@ -56,7 +56,7 @@ def test_cond_with_a_predicate_computed_in_the_graph(make_graph, device, backend
     for sign in (1.0, -1.0, 1.0):
         x.copy_(x.abs() * sign)
         g.replay()
-        torch.testing.assert_close(out, fn(x), rtol=0, atol=0)
+        assert_replay_matches(out, fn(x))
 
 
 def test_cond_with_several_outputs(make_graph, device, backend):
@@ -74,7 +74,7 @@ def test_cond_with_several_outputs(make_graph, device, backend):
         p.fill_(flag)
         g.replay()
         for o, e in zip(out, fn(p, a, b)):
-            torch.testing.assert_close(o, e, rtol=0, atol=0)
+            assert_replay_matches(o, e)
     assert out[0].data_ptr() != a.data_ptr()  # outputs are graph memory, not the operand
 
 
@@ -93,7 +93,7 @@ def test_while_loop_runs_as_many_iterations_as_the_data_says(make_graph, device,
     g.replay()
     i_e, x_e = _count_to(limit, x)
     assert int(i_out) == iterations == int(i_e)
-    torch.testing.assert_close(x_out, x_e, rtol=0, atol=0)
+    assert_replay_matches(x_out, x_e)
 
 
 def test_while_loop_carries_several_dtypes_and_swaps_carries(make_graph, device, backend):
@@ -111,7 +111,7 @@ def test_while_loop_carries_several_dtypes_and_swaps_carries(make_graph, device,
     out = capture(g, fn, a, b, n)
     g.replay()
     for o, e in zip(out, fn(a, b, n)):
-        torch.testing.assert_close(o, e, rtol=0, atol=0)
+        assert_replay_matches(o, e)
     assert out[3].dtype == torch.bool
 
 
@@ -146,8 +146,8 @@ def test_while_loop_body_writes_a_captured_input_and_exits_early(make_graph, dev
         got_acc = acc.clone()
         acc.zero_()
         expected = reference(x)
-        torch.testing.assert_close(got_acc, acc, rtol=0, atol=0)
-        torch.testing.assert_close(out[1], expected[1], rtol=0, atol=0)
+        assert_replay_matches(got_acc, acc)
+        assert_replay_matches(out[1], expected[1])
         assert int(out[0]) == int(expected[0])
     assert int(out[0]) == 10  # threshold 1e9: the bound, not the data, stopped it
 
@@ -165,7 +165,7 @@ def test_nested_cond_inside_while_loop(make_graph, device, backend):
     g = make_graph()
     out = capture(g, fn, x)
     g.replay()
-    torch.testing.assert_close(out[1], fn(x)[1], rtol=0, atol=0)
+    assert_replay_matches(out[1], fn(x)[1])
 
 
 def test_bad_predicates_and_branches_are_refused(make_graph, device, backend):
@@ -191,7 +191,7 @@ def test_bad_predicates_and_branches_are_refused(make_graph, device, backend):
     g = make_graph()
     out = capture(g, _cond_step, torch.tensor(True, device=device), m, m)
     g.replay()
-    torch.testing.assert_close(out, _cond_step(torch.tensor(True, device=device), m, m), rtol=0, atol=0)
+    assert_replay_matches(out, _cond_step(torch.tensor(True, device=device), m, m))
 
 
 def test_python_branch_on_a_tensor_points_at_torch_cond(make_graph, device):

@@ -26,6 +26,7 @@ step. Other higher-order operators have no rule for the recording mode: torch re
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import TYPE_CHECKING, Any
 
@@ -163,7 +164,10 @@ def _record_sub(cap: Capture, fn: Any, operands: tuple) -> tuple[list, Any]:
     outer = cap.steps
     cap.steps = []
     try:
-        with cap.mode:  # the handler runs with the mode popped: push it back for the body
+        # The handler runs with the mode popped: push it back for the body, under the dispatch
+        # keys of the outer capture, so that the body records the same ops the outer capture
+        # would (linear as t + mm, not linear whole: composite ops decompose at the autograd key).
+        with _outer_dispatch_keys(), cap.mode:
             result = fn(*operands)
         return cap.steps, result
     finally:
@@ -172,10 +176,33 @@ def _record_sub(cap: Capture, fn: Any, operands: tuple) -> tuple[list, Any]:
         del sub
 
 
+def _outer_dispatch_keys() -> Any:
+    """Undo the autograd-key exclusion torch's cond/while_loop autograd rule puts around the
+    operator (``_AutoDispatchBelowAutograd``) before it reaches the recording mode.
+
+    Without this a branch or body records composite ops whole (``linear``, ``matmul``,
+    ``softmax``) that the outer capture records decomposed (``mm``, ``bmm``, ``_softmax``); the
+    composite ``.out`` kernels re-decompose at every replay, with reshapes and expands between
+    (a decode step's body replayed about twice as slow as the same step captured outside the
+    loop). Under inference mode the outer capture excludes the autograd keys too: left as is.
+    """
+    keys = torch._C.DispatchKey
+    excluded = torch._C._dispatch_tls_local_exclude_set()
+    if torch.is_inference_mode_enabled() or not excluded.has(keys.AutogradOther):
+        return contextlib.nullcontext()
+    restored = excluded.remove(keys.AutogradOther).remove(keys.AutogradNestedTensor).remove(keys.AutogradCPU)
+    return torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), restored)
+
+
 def _fresh_like(cap: Capture, t: torch.Tensor) -> torch.Tensor:
     """A pool tensor with ``t``'s shape, dtype and device (and its strides where they are dense
     and non-overlapping, as ``empty_like``), booked as an output of the capture."""
-    stride = torch.empty_like(t, device="meta").stride()
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    # Outside the recording mode: inside a cond branch the mode is active, and the meta
+    # factory would be recorded as a step (a meta tensor Inductor's program then copied into).
+    with _disable_current_modes():
+        stride = torch.empty_like(t, device="meta").stride()
     return cap.allocate_output(t.shape, stride, t.dtype, t.device)
 
 

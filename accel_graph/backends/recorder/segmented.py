@@ -12,7 +12,9 @@ such tensor, which keeps the values equal to interpreted replay.
 A stretch whose outputs reuse pool memory of tensors it reads from earlier stretches (they died
 in it) replays interpreted: its compiled placeholders would alias, which AOT cannot trace with
 static shapes. ``debug_dump``'s ``compiled.interpreted_stretches`` lists their sizes.
-Programs without host steps compile as one program, unchanged.
+Programs without host steps compile as one program, unchanged. Control-flow steps (``cond``,
+``while``) sit between stretches like host steps, with each of their sub-programs compiled in
+turn (:mod:`.compiled_control_flow`, which calls back into :func:`compile_any` for nesting).
 """
 
 from __future__ import annotations
@@ -23,9 +25,16 @@ from typing import Any
 
 from .capture import InputRecord, Step
 from .compiled import compile_program
+from .compiled_control_flow import (
+    allocations,
+    compile_control,
+    pool_reads,
+    reads,
+    stage_reads_before_writes,
+    with_snapshots,
+)
 from .pool_protocol import GraphPool, PoolRef, refs_overlap
 from .program import build_replay, materialize
-from .pytree import tree_flatten
 
 log = logging.getLogger("accel_graph")
 
@@ -39,32 +48,35 @@ def has_host_steps(steps: list[Step]) -> bool:
     return any(s.kind in HOST_KINDS for s in steps)
 
 
-def _sub_steps(step: Step) -> list[Step]:
-    """Every step inside a control-flow step's sub-programs, nested ones included."""
-    if step.kind not in ("cond", "while"):
-        return []
-    out: list[Step] = []
-    for sub in step.extra[1:]:
-        for s in sub:
-            out.append(s)
-            out.extend(_sub_steps(s))
-    return out
-
-
 def compile_any(
     steps: list[Step], inputs: list[InputRecord], outputs: list[PoolRef], pool: GraphPool,
     compile_fn: Callable[..., tuple[Callable[[], None], dict[str, Any]]] = compile_program,
+    outside: list[PoolRef] | None = None,
 ) -> tuple[Callable[[], None], dict[str, Any]]:
     """Compile ``steps`` (as captured, with pool locations) with ``compile_fn``
     (:func:`.compiled.compile_program`, or the caller's replacement); raises on any failure,
-    and returns ``(replay_fn, info)`` like it."""
+    and returns ``(replay_fn, info)`` like it. Control-flow steps have each sub-program compiled
+    (:mod:`.compiled_control_flow`; one that fails replays interpreted, logged, without failing
+    the rest). ``outside``: for a sub-program, the pool locations read outside it."""
+    if outside is None:  # the whole graph (sub-programs are staged by compile_control)
+        steps, pairs = stage_reads_before_writes(steps, pool)
+        if pairs:
+            run, info = compile_any(steps, inputs, outputs, pool, compile_fn, [])
+            return with_snapshots(run, tuple(pairs)), {**info, "snapshots": len(pairs)}
     if not has_host_steps(steps):
         return compile_fn(steps, inputs, outputs, pool)
+    around = [*(outside or ()), *outputs]
+
+    def compile_sub(sub: list[Step], written: list[PoolRef], sub_pool: GraphPool,
+                    sub_outside: list[PoolRef]) -> tuple[Callable[[], None], dict[str, Any]]:
+        return compile_any(sub, [], written, sub_pool, compile_fn, sub_outside)
     runs: list[Callable[[], None]] = []
     stretch: list[Step] = []
     infos: list[dict[str, Any]] = []
     interpreted: list[int] = []  # sizes of stretches replayed interpreted
     hosts = 0
+    control: list[dict[str, Any]] = []  # per control-flow step: its sub-programs' infos
+    subs: list[dict[str, Any]] = []  # the compiled ones among them (for the totals)
 
     owners = _read_owners(steps)
     start = 0
@@ -90,7 +102,14 @@ def compile_any(
         if step.kind in HOST_KINDS:
             flush(i)
             start = i + 1
-            runs.append(build_replay(materialize([step], pool), []))
+            if step.kind == "host":
+                runs.append(build_replay(materialize([step], pool), []))
+            else:
+                elsewhere = [r for j, s in enumerate(steps) if j != i for r in pool_reads([s])]
+                run, cinfo = compile_control(step, pool, compile_sub, [*around, *elsewhere])
+                runs.append(run)
+                control.append(cinfo)
+                subs.extend(_compiled_subs(cinfo))
             hosts += 1
         else:
             stretch.append(step)
@@ -101,40 +120,26 @@ def compile_any(
         for call in calls:
             call()
 
+    every = infos + subs
     info = {
         "backend": "inductor",
-        "compile_s": sum(i["compile_s"] for i in infos),
-        "cache": "hit" if infos and all(i["cache"] == "hit" for i in infos) else "miss",
-        "fx_nodes": sum(i["fx_nodes"] for i in infos),
-        "placeholders": sum(i["placeholders"] for i in infos),
+        "compile_s": sum(i["compile_s"] for i in every),
+        "cache": "hit" if every and all(i["cache"] == "hit" for i in every) else "miss",
+        "fx_nodes": sum(i["fx_nodes"] for i in every),
+        "placeholders": sum(i["placeholders"] for i in every),
         "intermediates": "written back to the pool between stretches",
         "stretches": len(infos),
         "host_steps": hosts,
         "interpreted_stretches": interpreted,
     }
+    if control:
+        info["control_flow"] = control
     return run, info
 
 
-def _allocations(step: Step) -> list[PoolRef]:
-    """Pool memory a step allocates (empty factories included: in-place ops may fill them
-    later, like dropout's mask; views and in-place ops allocate nothing; a control-flow step,
-    what its sub-programs allocate)."""
-    if step.kind in ("cond", "while"):
-        return [ref for s in _sub_steps(step) for ref in _allocations(s)]
-    if step.kind in ("view", "mutate", "host"):
-        return []
-    return [out for out in step.outputs if isinstance(out, PoolRef)]
-
-
-def _reads(step: Step) -> list[Any]:
-    """Everything a step's arguments name (a control-flow step: its predicate and every
-    argument in its sub-programs), flattened."""
-    if step.kind in ("cond", "while"):
-        found = tree_flatten(step.extra[0])[0]
-        for s in _sub_steps(step):
-            found += tree_flatten((s.args, s.kwargs, s.extra if s.kind not in ("cond", "while") else s.extra[0]))[0]
-        return found
-    return tree_flatten((step.args, step.kwargs, step.extra))[0]
+def _compiled_subs(cinfo: dict[str, Any]) -> list[dict[str, Any]]:
+    """The infos of the compiled sub-programs of one control-flow step (for the totals)."""
+    return [sub for sub in cinfo["subprograms"] if sub.get("compiled")]
 
 
 def _read_owners(steps: list[Step]) -> dict[int, list[tuple[PoolRef, int | None]]]:
@@ -145,11 +150,11 @@ def _read_owners(steps: list[Step]) -> dict[int, list[tuple[PoolRef, int | None]
     made: list[tuple[int, PoolRef]] = []
     owners: dict[int, list[tuple[PoolRef, int | None]]] = {}
     for k, step in enumerate(steps):
-        for x in _reads(step):
+        for x in reads(step):
             if isinstance(x, PoolRef):
                 owner = next((j for j, ref in reversed(made) if refs_overlap(ref, x)), None)
                 owners.setdefault(k, []).append((x, owner))
-        made.extend((k, ref) for ref in _allocations(step))
+        made.extend((k, ref) for ref in allocations(step))
     return owners
 
 
@@ -164,11 +169,11 @@ def _needed(steps: list[Step], start: int, end: int, owners: dict[int, set[int]]
     final = {ref: None for ref in outputs}
     newest: dict[PoolRef, int] = {}  # identical locations: only the newest can be an output
     for j in range(start, end):
-        for ref in _allocations(steps[j]):
+        for ref in allocations(steps[j]):
             newest[ref] = j
     wanted: dict[PoolRef, None] = {}
     for j in range(start, end):
-        for ref in _allocations(steps[j]):
+        for ref in allocations(steps[j]):
             if j in read_later or (ref in final and newest[ref] == j and _alive_at_end(ref, j, steps)):
                 wanted.pop(ref, None)
                 wanted[ref] = None
@@ -188,5 +193,5 @@ def _writes_what_it_reads(owners: dict[int, list[tuple[PoolRef, int | None]]], s
 
 def _alive_at_end(ref: PoolRef, j: int, steps: list[Step]) -> bool:
     """Whether no later allocation (in any stretch) took ``ref``'s memory after step ``j``."""
-    return not any(refs_overlap(ref, other) for s in steps[j + 1:] for other in _allocations(s))
+    return not any(refs_overlap(ref, other) for s in steps[j + 1:] for other in allocations(s))
 
