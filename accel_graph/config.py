@@ -55,3 +55,16 @@ def default_compile() -> str | None:
     """The ``compile=`` a Graph uses when given none (``ACCEL_GRAPH_COMPILE``), or None."""
     value = os.environ.get(COMPILE_VAR, "").strip().lower()
     return value or None
+
+#: Default ``compile_options["replay"]`` for graphs that do not set it ("auto", "compiled" or
+#: "interpreted"; empty: "auto"). The conformance suite's compiled cases set "compiled", so they
+#: test compiled code whatever the timing would pick.
+COMPILE_REPLAY_VAR = "ACCEL_GRAPH_COMPILE_REPLAY"
+
+
+def default_compile_replay() -> str | None:
+    """The ``replay`` compiled graphs use when ``compile_options`` sets none
+    (``ACCEL_GRAPH_COMPILE_REPLAY``), or None when unset or empty; values are checked by
+    :func:`accel_graph.compile_options.parse_compile_options`."""
+    value = os.environ.get(COMPILE_REPLAY_VAR, "").strip().lower()
+    return value or None
