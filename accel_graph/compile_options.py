@@ -16,8 +16,10 @@ from .errors import ConfigError
 
 __all__ = ["REPLAY_CHOICES", "CompileOptions", "parse_compile_options"]
 
-#: ``replay``: ``"auto"`` times the compiled and the interpreted program at instantiation and
-#: keeps the faster; ``"compiled"`` and ``"interpreted"`` force one.
+#: ``replay``: ``"auto"`` times the compiled and the interpreted program and keeps the faster
+#: (at instantiation where extra runs cannot be observed, else on the first real replays; see
+#: docs/recorder.md); ``"compiled"`` and ``"interpreted"`` force one (``"interpreted"`` compiles
+#: nothing).
 REPLAY_CHOICES = ("auto", "compiled", "interpreted")
 
 
@@ -26,8 +28,9 @@ class CompileOptions:
     """What ``compile_options=`` may set (every field has a default).
 
     Attributes:
-        replay: which program replays: ``"auto"`` (the faster one, measured at instantiation),
-            ``"compiled"`` or ``"interpreted"``.
+        replay: which program replays: ``"auto"`` (the faster one, measured without
+            observable effects), ``"compiled"`` or ``"interpreted"``. ``Graph.replay_mode()``
+            says which replays and why.
         freeze: compile captured parameters as constants (Inductor's freezing). Opt-in: an
             in-place update of a frozen tensor after instantiation is then not seen by replay.
     """
