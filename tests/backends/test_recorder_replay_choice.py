@@ -137,6 +137,7 @@ def test_a_program_too_slow_for_the_budget_decides_on_real_replays(fake: FakeCom
     assert fake.runs == 1, "timing went on after a run took over the budget"
     mode = g.replay_mode()
     assert mode.mode == "undecided" and "timing budget" in mode.reason, mode
+    fake.delay = SLOW_S  # still the slower one, but quicker to replay
     for _ in range(2 * (1 + replay_choice.REPLAY_ROUNDS)):
         g.replay()
     mode = g.replay_mode()

@@ -42,16 +42,18 @@ from .pool_protocol import PoolRef, storage_bytes
 from .pytree import tree_flatten
 
 #: Share of the compile time that timing at instantiation may take, and its floor and cap
-#: (seconds): a cache hit compiles in milliseconds but still gets the floor.
+#: (seconds): a cache hit compiles in milliseconds but still gets the floor, enough for a few
+#: rounds of a 10 ms program (a smaller one left convnets at batch 4 to the real replays).
 TIMING_FRACTION = 0.05
-TIMING_MIN_S = 0.05
+TIMING_MIN_S = 0.2
 TIMING_MAX_S = 1.0
 #: Timed runs of each program at instantiation at most (after one untimed warm-up each), and
 #: at least: fewer fit in the budget, and the decision moves to the first real replays.
 MAX_ROUNDS = 15
 MIN_ROUNDS = 3
-#: Real replays timed per program when the decision is made on them (after one warm-up each).
-REPLAY_ROUNDS = 3
+#: Real replays timed per program when the decision is made on them (after one warm-up each):
+#: 3 let a loaded machine pick the slower program (medians of 3 runs hit by preemption).
+REPLAY_ROUNDS = 5
 
 # FX's list of side-effecting targets (``_assert_async``, ``_print``, profiler ranges): a run
 # of such an op is observable even when it writes no tensor. Read once, feature-detected.
