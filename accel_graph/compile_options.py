@@ -16,8 +16,10 @@ from .errors import ConfigError
 
 __all__ = ["REPLAY_CHOICES", "CompileOptions", "parse_compile_options"]
 
-#: ``replay``: ``"auto"`` times the compiled and the interpreted program at instantiation and
-#: keeps the faster; ``"compiled"`` and ``"interpreted"`` force one.
+#: ``replay``: ``"auto"`` times the compiled and the interpreted program and keeps the faster
+#: (at instantiation where extra runs cannot be observed, else on the first real replays; see
+#: docs/recorder.md); ``"compiled"`` and ``"interpreted"`` force one (``"interpreted"`` compiles
+#: nothing).
 REPLAY_CHOICES = ("auto", "compiled", "interpreted")
 
 
@@ -26,8 +28,9 @@ class CompileOptions:
     """What ``compile_options=`` may set (every field has a default).
 
     Attributes:
-        replay: which program replays: ``"auto"`` (the faster one, measured at instantiation),
-            ``"compiled"`` or ``"interpreted"``.
+        replay: which program replays: ``"auto"`` (the faster one, measured without
+            observable effects), ``"compiled"`` or ``"interpreted"``. ``Graph.replay_mode()``
+            says which replays and why.
         freeze: compile captured parameters as constants (Inductor's freezing). Opt-in: an
             in-place update of a frozen tensor after instantiation is then not seen by replay.
     """
@@ -36,12 +39,21 @@ class CompileOptions:
     freeze: bool = False
 
 
-def parse_compile_options(value: Mapping[str, Any] | CompileOptions | None) -> CompileOptions:
-    """``value`` as :class:`CompileOptions`; raises :class:`ConfigError` naming what is accepted."""
-    if value is None:
-        return CompileOptions()
+def parse_compile_options(value: Mapping[str, Any] | CompileOptions | None,
+                          default_replay: str | None = None) -> CompileOptions:
+    """``value`` as :class:`CompileOptions`; raises :class:`ConfigError` naming what is accepted.
+
+    ``default_replay`` (``ACCEL_GRAPH_COMPILE_REPLAY``, passed by ``Graph``) replaces ``"auto"``
+    as the ``replay`` of a ``value`` that sets none (a dict without the key, or None); a
+    :class:`CompileOptions` is taken as given."""
     if isinstance(value, CompileOptions):
         return value
+    if default_replay is not None and default_replay not in REPLAY_CHOICES:
+        raise ConfigError(
+            f"ACCEL_GRAPH_COMPILE_REPLAY={default_replay!r}; use one of "
+            f"{', '.join(map(repr, REPLAY_CHOICES))} (or leave it unset)")
+    if value is None:
+        return CompileOptions(replay=default_replay or "auto")
     if not isinstance(value, Mapping):
         raise ConfigError(
             f"compile_options must be a dict (or CompileOptions), not {type(value).__name__}")
@@ -51,7 +63,7 @@ def parse_compile_options(value: Mapping[str, Any] | CompileOptions | None) -> C
         raise ConfigError(
             f"unknown compile_options key(s) {', '.join(map(repr, unknown))}; accepted: "
             f"{', '.join(sorted(known))}")
-    replay = value.get("replay", "auto")
+    replay = value.get("replay", default_replay or "auto")
     if replay not in REPLAY_CHOICES:
         raise ConfigError(
             f"compile_options['replay']={replay!r}; use one of {', '.join(map(repr, REPLAY_CHOICES))}")

@@ -65,3 +65,17 @@ def native_control_flow() -> bool:
     nodes, clear refusals). On unless ``ACCEL_GRAPH_NATIVE_CONTROL_FLOW`` is 0/false/no/off:
     the mode costs a Python call per captured op (tools/bench_native_cf_mode.py), at capture only."""
     return os.environ.get(NATIVE_CONTROL_FLOW_VAR, "").strip().lower() not in {"0", "false", "no", "off"}
+
+
+#: Default ``compile_options["replay"]`` for graphs that do not set it ("auto", "compiled" or
+#: "interpreted"; empty: "auto"). The conformance suite's compiled cases set "compiled", so they
+#: test compiled code whatever the timing would pick.
+COMPILE_REPLAY_VAR = "ACCEL_GRAPH_COMPILE_REPLAY"
+
+
+def default_compile_replay() -> str | None:
+    """The ``replay`` compiled graphs use when ``compile_options`` sets none
+    (``ACCEL_GRAPH_COMPILE_REPLAY``), or None when unset or empty; values are checked by
+    :func:`accel_graph.compile_options.parse_compile_options`."""
+    value = os.environ.get(COMPILE_REPLAY_VAR, "").strip().lower()
+    return value or None

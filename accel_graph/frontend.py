@@ -33,7 +33,14 @@ import torch
 
 from . import config
 from .backends import select_backend
-from .backends.base import CAPTURE_ERROR_MODES, Backend, DeviceSpec, GraphImpl, PoolHandle
+from .backends.base import (
+    CAPTURE_ERROR_MODES,
+    Backend,
+    DeviceSpec,
+    GraphImpl,
+    PoolHandle,
+    ReplayMode,
+)
 from .compile_options import CompileOptions, parse_compile_options
 from .errors import CaptureError, ConfigError, GraphStateError
 
@@ -126,7 +133,8 @@ class Graph:
         self._compile = compile
         options: dict[str, Any] = {"compile": compile}
         if compile is not None:
-            options["compile_options"] = parse_compile_options(compile_options)
+            options["compile_options"] = parse_compile_options(
+                compile_options, default_replay=config.default_compile_replay())
         self._impl: GraphImpl = self._backend.new_graph(self._device, keep_graph=self.keep_graph, **options)
         self._state = EMPTY
         self._pool: PoolHandle | None = None
@@ -354,6 +362,14 @@ class Graph:
         if self._state not in (CAPTURED, INSTANTIATED):
             raise self._refuse("standalone_bytes()", "capture a graph first")
         return self._impl.standalone_bytes()
+
+    def replay_mode(self) -> ReplayMode:
+        """Which program replays this graph and why (:class:`~accel_graph.backends.base.
+        ReplayMode`: ``mode`` ``"compiled"``, ``"interpreted"``, ``"undecided"`` or
+        ``"native"``, a ``reason``, and the measured median seconds of each program where
+        ``compile_options={"replay": "auto"}`` timed them). Allowed in every state: before
+        instantiation (and after ``reset()``) a compiled graph is ``"undecided"``."""
+        return self._impl.replay_mode()
 
     # -- context manager (torch.accelerator.Graph) --------------------------------------
     def _prepare_block_capture(self) -> None:

@@ -23,3 +23,24 @@ def test_compiled_replay_serves_and_verifies() -> None:
     st = r.stats()
     assert st["eager_calls"] == 0 and all(b["verified"] for b in st["buckets"])
     assert r.memory_report()["compile"] == "inductor"
+
+
+def test_compile_options_reach_every_bucket_graph() -> None:
+    from accel_graph.errors import ConfigError
+
+    w = torch.randn(8, 8)
+
+    def fn(x):
+        return x @ w + 1
+
+    with pytest.raises(ConfigError, match="accepted"):  # checked at construction
+        GraphRunner(fn, torch.zeros(1, 8), buckets=[2], compile="inductor",
+                    compile_options={"replay": "interpreted", "nope": 1})
+    r = GraphRunner(fn, torch.zeros(1, 8), buckets=[1, 2], compile="inductor",
+                    compile_options={"replay": "interpreted"}, progress=False).capture()
+    modes = [b.graph.replay_mode() for b in r.runtime.buckets]
+    assert [m.mode for m in modes] == ["interpreted", "interpreted"]
+    assert all("forced" in m.reason for m in modes), modes
+    assert [row["replay_mode"] for row in r.memory_report()["buckets"]] == ["interpreted"] * 2
+    x = torch.randn(2, 8)
+    torch.testing.assert_close(r(x), fn(x))

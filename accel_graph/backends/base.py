@@ -115,6 +115,32 @@ class PoolStats:
         }
 
 
+@dataclass(frozen=True)
+class ReplayMode:
+    """Which program replays a graph, and why (``Graph.replay_mode()``). JSON-ready via
+    ``as_dict``.
+
+    ``mode`` is ``"compiled"`` (the Inductor program), ``"interpreted"`` (the recorded program
+    as captured), ``"undecided"`` (not instantiated yet, or still timing both programs on the
+    first real replays) or ``"native"`` (the backend's own device graph). ``compiled_s`` and
+    ``interpreted_s`` are the measured median seconds per replay of each program (None where
+    not measured); ``rounds`` how many timed runs of each the medians are of; ``decided_at``
+    ``"instantiate"``, ``"replay"`` (the first real replays) or None (no timing decided it).
+    """
+
+    mode: str
+    reason: str
+    compiled_s: float | None = None
+    interpreted_s: float | None = None
+    rounds: int = 0
+    decided_at: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"mode": self.mode, "reason": self.reason, "compiled_s": self.compiled_s,
+                "interpreted_s": self.interpreted_s, "rounds": self.rounds,
+                "decided_at": self.decided_at}
+
+
 _user_pool_ids = itertools.count(1)
 
 
@@ -203,6 +229,10 @@ class GraphImpl(ABC):
     def standalone_bytes(self) -> int | None:
         """Bytes this graph would need in a pool of its own, or None where unknown."""
         return None
+
+    def replay_mode(self) -> ReplayMode:
+        """Which program replays and why. Native backends replay the device's own graph."""
+        return ReplayMode("native", "the backend replays its own device graph")
 
     def work_count(self) -> int | None:
         """How many operations the last successful capture recorded that replay runs (0: the

@@ -279,6 +279,7 @@ def _recorder(environ: Mapping[str, str]) -> dict[str, Any]:
         "pool_limit_bytes": limit,
         "pool_limit_error": limit_err,
         "compile_default": config.default_compile(),
+        "compile_replay_default": config.default_compile_replay(),
         "inductor_importable": importlib.util.find_spec("torch._inductor") is not None,
     }
 
@@ -419,6 +420,7 @@ def format_report(r: Mapping[str, Any]) -> str:
     out += _kv([
         ("status", "usable" if rec.get("usable") else f"unusable: {rec.get('reason')}"),
         ("compile default", rec.get("compile_default") or "none (interpreted replay)"),
+        ("compiled replay", rec.get("compile_replay_default") or "auto (the faster program)"),
         ("inductor", "importable" if rec.get("inductor_importable") else "not importable"),
         ("poison outputs", "on" if rec.get("poison_outputs") else "off"),
         ("pool limit", rec.get("pool_limit_error") or rec.get("pool_limit_bytes") or "unbounded"),

@@ -153,7 +153,7 @@ def _warm_and_capture(rt: RunnerRuntime, bucket: Bucket, undo_warmup: bool) -> N
     warm_shapes = [(x.shape, x.dtype) for x in warm_leaves]
     del warm, warm_leaves
     backend.synchronize(spec)
-    g = Graph(device=rt.device, pool=rt.pool, compile=rt.compile)
+    g = Graph(device=rt.device, pool=rt.pool, compile=rt.compile, compile_options=rt.compile_options)
     t0 = time.perf_counter()
     region = _region_for(rt, warm_spec, warm_shapes, b)
     try:

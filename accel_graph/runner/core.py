@@ -79,7 +79,7 @@ class GraphRunner:
         example_kwargs: keyword inputs, like ``example_inputs``.
         pool: a pool handle to capture into; default a new ``graph_pool_handle(device)``.
         device: default: the device of the example inputs.
-        compile: passed to every :class:`~accel_graph.Graph` (``"inductor"`` on the recorder).
+        compile, compile_options: passed to every :class:`~accel_graph.Graph` (``"inductor"``).
         verify: how many replays of each bucket are compared with eager at the padded shape,
             under the per-dtype tolerances of :mod:`accel_graph.tolerances`: True (default) 2
             (the first replay and the second, which catches host values baked at capture
@@ -140,6 +140,7 @@ class GraphRunner:
         pool: object | None = None,
         device: torch.device | str | int | None = None,
         compile: str | None = None,
+        compile_options: Mapping[str, Any] | None = None,
         verify: bool | int = True,
         strict: bool = False,
         memory_budget: int | None = None,
@@ -215,7 +216,7 @@ class GraphRunner:
             device=dev,
             backend=backend,
             device_spec=backend.device_spec(routed),
-            compile=compile,
+            compile=compile, compile_options=compile_options,
             verify=_verify_checks(verify),
             strict=bool(strict),
             copy_outputs=bool(copy_outputs),

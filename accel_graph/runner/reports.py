@@ -32,6 +32,8 @@ def memory_report(rt: RunnerRuntime) -> dict[str, Any]:
         "standalone_bytes": b.standalone_bytes,
         "pool_after_capture_bytes": b.pool_after_bytes,
         "output_bytes": b.output_bytes,
+        # Which program replays the bucket (compiled or interpreted; Graph.replay_mode()).
+        "replay_mode": b.graph.replay_mode().mode if b.graph is not None else None,
     } for b in rt.buckets]
     return {
         "schema": MEMORY_SCHEMA,

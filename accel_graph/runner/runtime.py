@@ -107,6 +107,8 @@ class RunnerRuntime:
     progress: bool | None
     #: The shared pool handle; the one given, else created by capture.
     pool: object | None = None
+    #: ``compile_options=`` for every Graph, as given (checked at construction).
+    compile_options: Any = None
     #: The process group the ranks agree over (``process_group=``), or None in one process.
     group: GroupInfo | None = None
     #: Per-bucket user state (``state=`` factory), passed to ``fn`` as ``state=``.
@@ -170,6 +172,10 @@ class RunnerRuntime:
     capture_seconds: float = 0.0
 
     def __post_init__(self) -> None:
+        if self.compile_options is not None:  # bad keys or values fail here, not at capture
+            from ..compile_options import parse_compile_options
+
+            parse_compile_options(self.compile_options)
         self.max_bucket = self.ladder[-1]
         self.buckets = [Bucket(b) for b in self.ladder]
         for s in self.inputs:  # views per live batch size, so a call slices nothing

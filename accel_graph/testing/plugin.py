@@ -16,7 +16,8 @@ Enable it with ``pytest_plugins = ["accel_graph.testing.plugin"]`` in a ``confte
 - compiled replay: a backend whose ``capabilities().compile`` is True (the recorder) runs each
   device test twice, as ``recorder`` (``ACCEL_GRAPH_COMPILE`` unset: interpreted replay) and as
   ``recorder+inductor`` (``ACCEL_GRAPH_COMPILE=inductor``: every ``Graph`` made without
-  ``compile=`` is compiled at instantiation). ``accel_graph_compile`` is the active mode (None or
+  ``compile=`` is compiled at instantiation, and ``ACCEL_GRAPH_COMPILE_REPLAY=compiled``: it
+  replays the compiled program whatever timing would pick). ``accel_graph_compile`` is the active mode (None or
   ``"inductor"``); :func:`accel_graph.testing.assert_replay_matches` compares bitwise or within
   tolerances accordingly. In a compiled case, a graph whose compilation failed and fell back to
   interpreted replay fails the test with the logged reason: a fallback must never pass silently.
@@ -260,8 +261,12 @@ def device(
     monkeypatch.setenv(config.BACKEND_VAR, type(backend).name)
     if accel_graph_compile is None:
         monkeypatch.delenv(config.COMPILE_VAR, raising=False)
+        monkeypatch.delenv(config.COMPILE_REPLAY_VAR, raising=False)
     else:
         monkeypatch.setenv(config.COMPILE_VAR, accel_graph_compile)
+        # Compiled cases test compiled code: replay="auto" would keep the interpreted program
+        # wherever it timed faster, and the case would then test nothing compiled.
+        monkeypatch.setenv(config.COMPILE_REPLAY_VAR, "compiled")
     dev = (
         backend.default_device()
         if accel_graph_device_type is None

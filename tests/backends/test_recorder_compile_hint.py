@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from accel_graph.backends.recorder.backend import _compiler_hint
+from accel_graph.backends.recorder.compile_failures import compiler_hint as _compiler_hint
 from accel_graph.backends.recorder.compiled import CompileUnsupported
 
 

@@ -112,8 +112,10 @@ def test_bad_allocator_config_is_a_problem_not_a_crash(
 def test_recorder_env_is_reported(registry: None, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ACCEL_GRAPH_POOL_LIMIT", "64M")
     monkeypatch.setenv("ACCEL_GRAPH_COMPILE", "inductor")
+    monkeypatch.setenv("ACCEL_GRAPH_COMPILE_REPLAY", "compiled")
     rec = doctor.collect()["recorder"]
     assert rec["pool_limit_bytes"] == 64 << 20 and rec["compile_default"] == "inductor"
+    assert rec["compile_replay_default"] == "compiled"
     monkeypatch.setenv("ACCEL_GRAPH_POOL_LIMIT", "lots")
     assert "ACCEL_GRAPH_POOL_LIMIT" in doctor.collect()["recorder"]["pool_limit_error"]
 

@@ -35,6 +35,11 @@ def test_compiled_case_replays_compiled_code(make_graph, device, accel_graph_com
     assert info is not None and info.get("backend") == accel_graph_compile, info
     assert "fallback" not in info, f"compilation fell back: {info['fallback']}"
     assert info["compile_s"] >= 0
+    # The case forces the compiled program (ACCEL_GRAPH_COMPILE_REPLAY): timing must not swap
+    # in the interpreted one, or the +inductor suite would test nothing compiled.
+    mode = g.replay_mode()
+    assert mode.mode == "compiled" and "forced" in mode.reason, mode
+    assert info["replay_mode"]["mode"] == "compiled"
     fresh = [randn(gen(2), 4, 8, device=device), w]
     copy_into([x, w], fresh)
     g.replay()

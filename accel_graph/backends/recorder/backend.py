@@ -25,11 +25,13 @@ from ..base import (
     GraphImpl,
     PoolHandle,
     PoolStats,
+    ReplayMode,
     next_user_pool_id,
 )
-from . import collective_check, collectives
+from . import collective_check, collectives, replay_choice
 from .capture import Capture, InputRecord, Step, active_capture
-from .compiled import CompileUnsupported, compile_program
+from .compile_failures import compiler_hint, failure_reason, quiet_torch_errors
+from .compiled import compile_program
 from .dump import describe, write_dump
 from .pool import make_pool
 from .pool_protocol import GraphPool, PoolEvent, PoolRef
@@ -69,6 +71,9 @@ class RecorderGraphImpl(GraphImpl):
         self._release: weakref.finalize | None = None
         self._outputs: list[PoolRef] = []
         self._compiled: dict[str, Any] | None = None
+        #: Which program replays and why; a ReplayDecider while the first replays decide.
+        self._mode = replay_choice.not_instantiated(compile)
+        self._decider: replay_choice.ReplayDecider | None = None
         self._frozen_steps: list[Step] = []
         self._memory = 0
         self._standalone: int | None = 0
@@ -191,7 +196,7 @@ class RecorderGraphImpl(GraphImpl):
         if self._replay_fn is not None:
             return
         if self._compile == "inductor":
-            self._replay_fn = self._compiled_or_fallback()
+            self._replay_fn = self._choose_program()
         else:
             self._replay_fn = build_replay(self._steps, self._inputs)
         if self._signature is not None:  # every rank checks the others at the first replay
@@ -213,19 +218,83 @@ class RecorderGraphImpl(GraphImpl):
 
         return first
 
-    def _compiled_or_fallback(self) -> Any:
-        """Compiled replay, or the interpreted program with the reason logged."""
+    def _choose_program(self) -> Any:
+        """The program ``compile_options["replay"]`` picks (:mod:`.replay_choice`): compiled,
+        interpreted, the faster of the two measured now, or a decider timing both on the first
+        real replays. Sets ``self._mode``."""
+        opts = self._compile_options
+        if opts.replay == "interpreted":
+            self._compiled = {"backend": "inductor", "skipped": "compile_options replay='interpreted'"}
+            self._mode = ReplayMode("interpreted", "forced by compile_options={'replay': "
+                                    "'interpreted'} (nothing was compiled)")
+            return build_replay(self._steps, self._inputs)
+        compiled = self._compiled_or_none()
+        if compiled is None:
+            self._mode = ReplayMode("interpreted", f"compilation failed ({self._compiled['fallback']})")
+            return build_replay(self._steps, self._inputs)
+        if opts.replay == "compiled":
+            self._mode = ReplayMode("compiled", "forced by compile_options={'replay': 'compiled'}")
+            return compiled
+        if self._signature is not None:
+            self._mode = ReplayMode(
+                "compiled", "the graph runs collectives: every rank replays the compiled program, "
+                "untimed (ranks choosing differently would compute float-close, not equal, results)")
+            return compiled
+        interpreted = build_replay(self._steps, self._inputs)
+        assert self._pool is not None and self._compiled is not None
+        why = replay_choice.instantiation_hazard(self._frozen_steps)
+        if why is None and (self._pool.graphs != 1 or self._pool.capturing):
+            why = "other graphs share its pool (an extra run could write memory they use)"
+        if why is None:
+            budget = replay_choice.timing_budget(float(self._compiled.get("compile_s", 0.0)))
+            outputs = [self._pool.materialize(r) for r in self._outputs]
+            try:
+                timed = replay_choice.time_programs(compiled, interpreted, replay_choice.run_as_replay,
+                                                     outputs, budget)
+            except Exception as exc:  # the real replay will raise it again; decide there
+                timed, why = None, f"a timing run raised {type(exc).__name__}"
+            if timed is not None:
+                self._mode = replay_choice.verdict(*timed, "at instantiation")
+                return compiled if self._mode.mode == "compiled" else interpreted
+            why = why or f"one run of each program takes over a share of the {budget:.2f} s timing budget"
+        decider = replay_choice.ReplayDecider(self, compiled, interpreted, why)
+        self._decider = decider
+        return decider
+
+    def settle_replay(self, decider: Any, winner: Any, mode: ReplayMode) -> None:
+        """Called by the :class:`.replay_choice.ReplayDecider` of this graph once it decided:
+        ``winner`` replays from now on (the decider of an earlier capture changes nothing)."""
+        if decider is not self._decider:
+            return
+        self._decider = None
+        self._mode = mode
+        if self._replay_fn is decider:
+            self._replay_fn = winner
+
+    def replay_mode(self) -> ReplayMode:
+        """Which program replays and why (``Graph.replay_mode()``)."""
+        decider = self._decider
+        if decider is not None:
+            return ReplayMode("undecided", f"timing both programs on the first real replays "
+                              f"({decider.remaining} left), since an extra run at instantiation "
+                              f"could be observed: {decider.why}")
+        return self._mode
+
+    def _compiled_or_none(self) -> Any:
+        """The compiled replay function, or None with the reason logged and kept in
+        ``self._compiled["fallback"]`` (the interpreted program then replays)."""
         assert self._pool is not None
         try:
-            run, info = compile_any(self._frozen_steps, self._inputs, self._outputs, self._pool,
-                                    compile_program)
+            with quiet_torch_errors():  # our one log line below says what failed
+                run, info = compile_any(self._frozen_steps, self._inputs, self._outputs,
+                                        self._pool, compile_program)
         except Exception as exc:  # any compiler failure: replay still works, interpreted
-            reason = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
-            hint = _compiler_hint(exc)
+            reason = failure_reason(exc)
+            hint = compiler_hint(exc)
             log.warning("compile='inductor' failed for a graph on %s (%s); using interpreted "
                         "replay.%s", self.device, reason, hint)
             self._compiled = {"backend": "inductor", "fallback": reason}
-            return build_replay(self._steps, self._inputs)
+            return None
         self._compiled = info
         checks = build_replay([], self._inputs)  # the stale-input checks alone
 
@@ -252,6 +321,8 @@ class RecorderGraphImpl(GraphImpl):
         self._frozen_steps = []
         self._compiled = None
         self._replay_fn = None
+        self._decider = None
+        self._mode = replay_choice.not_instantiated(self._compile, reset=True)
         if self._release is not None:
             self._release()  # after dropping the program, so its memory can go
             self._release = None
@@ -276,23 +347,12 @@ class RecorderGraphImpl(GraphImpl):
             "memory_bytes": self._memory,
             "standalone_bytes": self.standalone_bytes(),
             "allocations_at_capture": self._allocations,
-            "compiled": self._compiled,
+            "compiled": None if self._compiled is None else {
+                **self._compiled, "replay_mode": self.replay_mode().as_dict()},
         })
 
     def debug_dump(self, path: str) -> None:
         write_dump(path, self.describe())
-
-
-def _compiler_hint(exc: BaseException) -> str:
-    """A C++-compiler hint for a compile failure that names the compiler, and nothing otherwise
-    (torch's own refusals, functionalization errors and ours are not about the compiler)."""
-    if isinstance(exc, CompileUnsupported):
-        return ""
-    text = f"{type(exc).__name__} {exc}".lower()
-    if any(w in text for w in ("cppcompileerror", "cxxcompiler", "c++ compile", "g++", "gcc",
-                                "clang", "compiler")):
-        return " Inductor needs a working C++ compiler on the CPU."
-    return ""
 
 
 class RecorderBackend(Backend):

@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import operator
-import re
 import threading
 import time
 from collections import OrderedDict
@@ -56,11 +55,10 @@ _COMPILE_LOCK = threading.Lock()
 COMPILE_CACHE_SIZE = 64
 
 # program key -> (compiled callable, objects the key names by identity: kept alive so their ids
-# cannot be reused by other objects while the key exists). Guarded by _COMPILE_LOCK.
-_MODULES: OrderedDict[tuple, tuple[Any, list[Any]]] = OrderedDict()
+# cannot be reused by other objects while the key exists, the attempt that compiled it).
+# Guarded by _COMPILE_LOCK.
+_MODULES: OrderedDict[tuple, tuple[Any, list[Any], str]] = OrderedDict()
 _COUNTS = {"compiles": 0, "hits": 0}
-#: A shape symbol of torch's ShapeEnv (``s29``) in an error message.
-_SHAPE_SYMBOL = re.compile(r"\bs\d+\b")
 
 
 def _static_tracing() -> Any:
@@ -333,9 +331,10 @@ def clear_compile_cache() -> None:
         _COUNTS.update(compiles=0, hits=0)
 
 
-def _compiled_module(graph: fx.Graph, example: list[torch.Tensor]) -> tuple[Any, bool]:
+def _compiled_module(graph: fx.Graph, example: list[torch.Tensor]) -> tuple[Any, bool, str]:
     """The Inductor module for ``graph`` at ``example``'s layout, from the cache or compiled now.
-    Returns ``(module, hit)``. Compilations take turns (module docstring); a failure is not cached."""
+    Returns ``(module, hit, attempt)``: ``attempt`` says which compile worked. Compilations
+    take turns (module docstring); a failure is not cached."""
     from torch._inductor import config as inductor_config
     from torch._inductor.compile_fx import compile_fx
 
@@ -345,7 +344,7 @@ def _compiled_module(graph: fx.Graph, example: list[torch.Tensor]) -> tuple[Any,
         if entry is not None:
             _MODULES.move_to_end(key)
             _COUNTS["hits"] += 1
-            return entry[0], True
+            return entry[0], True, entry[2]
         # fallback_random: random ops call aten's kernels, so draws equal eager's after a seed.
         # emulate_precision_casts: keep eager's rounding of fp16/bf16 intermediates, which
         # Inductor otherwise elides when it fuses low-precision ops (results then differ from
@@ -354,22 +353,24 @@ def _compiled_module(graph: fx.Graph, example: list[torch.Tensor]) -> tuple[Any,
             try:
                 with torch.no_grad(), _static_tracing():
                     compiled = compile_fx(fx.GraphModule(torch.nn.Module(), graph), example)
-            except (RuntimeError, KeyError) as exc:
-                # AOT autograd's synthetic bases (placeholders that overlap in one storage, one
-                # of them written: a backward graph reusing, for a gradient, pool memory of a
-                # forward activation it read and freed) fail under the static shape environment
-                # with an error naming a shape symbol ("s29 ... is not tracked with proxy",
-                # KeyError 's70'; torch 2.13). Without it they compile; only the FX graph
-                # cache is lost, for this program. Other failures are not retried.
-                if not _SHAPE_SYMBOL.search(str(exc)):
-                    raise
+                attempt = "static shapes"
+            except Exception as exc:
+                # Any failure under the static-shape tracing context is retried without it
+                # (only the FX graph cache is lost, for this program): AOT autograd's synthetic
+                # bases fail there naming a shape symbol ("s29 ... is not tracked with proxy",
+                # KeyError 's70'), convnets with hardswish/SE blocks with "Exponent must be
+                # non-negative" (torch 2.13), and compile without it. A failure of the retry
+                # propagates (its __context__ is the first one).
+                log.debug("compile under the static-shape tracing context failed (%s: %s); "
+                          "retrying without it", type(exc).__name__, str(exc).strip()[:200])
                 with torch.no_grad():
                     compiled = compile_fx(fx.GraphModule(torch.nn.Module(), graph), example)
+                attempt = "retried without the static-shape tracing context"
         _COUNTS["compiles"] += 1
-        _MODULES[key] = (compiled, keep)
+        _MODULES[key] = (compiled, keep, attempt)
         while len(_MODULES) > COMPILE_CACHE_SIZE:
             _MODULES.popitem(last=False)
-        return compiled, False
+        return compiled, False, attempt
 
 
 def compile_program(
@@ -391,7 +392,7 @@ def compile_program(
         ext[i] = copy
     statics = [pool.materialize(r) for r in out_refs]
     example = [*ext, *statics]
-    compiled, hit = _compiled_module(graph, example)
+    compiled, hit, attempt = _compiled_module(graph, example)
     compile_s = time.perf_counter() - t0
     args = tuple(example)
 
@@ -412,6 +413,7 @@ def compile_program(
         "backend": "inductor",
         "compile_s": compile_s,
         "cache": "hit" if hit else "miss",
+        "attempt": attempt,
         "fx_nodes": len(graph.nodes),
         "placeholders": len(example),
         "intermediates": "allocated per call by Inductor, outside the graph's pool",
