@@ -9,6 +9,7 @@ replay, compare, and keep whichever side-effects belong to the result it returns
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -32,6 +33,7 @@ class UndoLog(TorchDispatchMode):
 
     def __init__(self) -> None:
         super().__init__()
+        _register_control_flow(type(self))
         self.saved: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.post: list[torch.Tensor] = []
         self._fresh: WeakIdKeyDictionary = WeakIdKeyDictionary()
@@ -66,6 +68,50 @@ class UndoLog(TorchDispatchMode):
     def reapply(self) -> None:
         for (t, _), after in zip(self.saved, self.post):
             t.copy_(after)
+
+
+#: Mode classes with eager rules for torch.cond / torch.while_loop registered.
+_RULES: set[type] = set()
+
+
+def _register_control_flow(mode_cls: type) -> None:
+    """Let ``torch.cond`` and ``torch.while_loop`` run under ``mode_cls`` (idempotent).
+
+    torch refuses a higher-order operator under a dispatch mode that has no rule for it
+    (``NotImplementedError``), so a step with control flow could not be verified. The rule runs
+    the operator's own eager kernel with every branch, predicate and body function called
+    under the mode again, so the writes inside them are logged like any other."""
+    if mode_cls in _RULES:
+        return
+    from torch._C import DispatchKey
+
+    for name in ("cond", "while_loop"):
+        op = getattr(torch.ops.higher_order, name, None)
+        dense = None if op is None else op.py_kernels.get(DispatchKey.CompositeExplicitAutograd)
+        if dense is None:  # pragma: no cover - every supported torch has both
+            continue
+        op.py_impl(mode_cls)(torch._disable_dynamo(functools.partial(_eager_rule, dense)))
+    _RULES.add(mode_cls)
+
+
+def _eager_rule(dense: Any, mode: TorchDispatchMode, *args: Any, **kwargs: Any) -> Any:
+    def under_mode(fn: Any) -> Any:
+        if not callable(fn) or isinstance(fn, torch.Tensor):
+            return fn
+
+        def run(*a: Any) -> Any:
+            with mode:
+                return fn(*a)
+        return run
+
+    try:
+        return dense(*(under_mode(a) for a in args), **kwargs)
+    finally:
+        # Eager torch.cond caches a TorchDynamo skip on its wrapper after running under a mode
+        # (pytorch#163013); undo it, as the recorder does.
+        from ..backends.recorder.control_flow import undo_dynamo_skip
+
+        undo_dynamo_skip()
 
 
 def compare(actual: Any, expected: Any, group: GroupInfo | None = None) -> str | None:
