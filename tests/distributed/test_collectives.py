@@ -297,6 +297,7 @@ def _compiled(rank: int, world: int) -> dict:
     fallback = _check_cases(rank, {"dist.all_to_all_single": _inplace_cases()["dist.all_to_all_single"]},
                             "inductor")
     return {"diffs": diffs, "info": _compiled_info(g), "fallback_info": _compiled_info(g2),
+            "mode": g.replay_mode().as_dict(),
             "fallback_value": y.tolist(), "fallback_problems": fallback}
 
 
@@ -379,6 +380,9 @@ def test_unreplayable_distributed_calls_are_refused_by_name(reports):
 def test_compiled_replay_of_collectives(reports):
     for out in _part(reports, "compiled"):
         assert out["info"]["backend"] == "inductor" and "fallback" not in out["info"], out
+        # replay="auto" keeps a graph with collectives compiled, untimed, on every rank.
+        assert out["mode"]["mode"] == "compiled" and "collectives" in out["mode"]["reason"], out
+        assert out["mode"]["compiled_s"] is None, out
         assert all(d <= 1e-5 for d in out["diffs"]), out
         assert "in-place collective without a functional" in out["fallback_info"]["fallback"], out
         assert out["fallback_value"] == [1.0] * 4

@@ -245,14 +245,16 @@ class RecorderGraphImpl(GraphImpl):
         why = replay_choice.instantiation_hazard(self._frozen_steps)
         if why is None and (self._pool.graphs != 1 or self._pool.capturing):
             why = "other graphs share its pool (an extra run could write memory they use)"
-        if why is None:
+        if why is not None:
+            why = f"an extra run at instantiation could be observed: {why}"
+        else:
             budget = replay_choice.timing_budget(float(self._compiled.get("compile_s", 0.0)))
             outputs = [self._pool.materialize(r) for r in self._outputs]
             try:
                 timed = replay_choice.time_programs(compiled, interpreted, replay_choice.run_as_replay,
                                                      outputs, budget)
             except Exception as exc:  # the real replay will raise it again; decide there
-                timed, why = None, f"a timing run raised {type(exc).__name__}"
+                timed, why = None, f"a timing run at instantiation raised {type(exc).__name__}"
             if timed is not None:
                 self._mode = replay_choice.verdict(*timed, "at instantiation")
                 return compiled if self._mode.mode == "compiled" else interpreted
@@ -276,8 +278,7 @@ class RecorderGraphImpl(GraphImpl):
         decider = self._decider
         if decider is not None:
             return ReplayMode("undecided", f"timing both programs on the first real replays "
-                              f"({decider.remaining} left), since an extra run at instantiation "
-                              f"could be observed: {decider.why}")
+                              f"({decider.remaining} left): {decider.why}")
         return self._mode
 
     def _compiled_or_none(self) -> Any:
