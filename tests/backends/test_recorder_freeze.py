@@ -1,5 +1,6 @@
 """``compile_options={"freeze": True}``: captured parameters the program never writes are compiled
-as constants; written ones, inputs and buffers stay arguments; results equal freeze=False."""
+as constants; written ones, inputs and buffers stay arguments; results equal freeze=False. And
+``compile_options={"cpp_wrapper": True}``, with its fallback to the Python wrapper."""
 
 from __future__ import annotations
 
@@ -42,8 +43,11 @@ def _compiled_info(g) -> dict:
 
 def test_freeze_equals_unfrozen_and_eager() -> None:
     net, x = _mlp(), torch.randn(3, 8)
+    before = [p.detach().clone() for p in net.parameters()]
     plain, out_plain = _capture(lambda: _forward(net, x))
     frozen, out_frozen = _capture(lambda: _forward(net, x), freeze=True)
+    for p, p0 in zip(net.parameters(), before, strict=True):  # freezing leaves them as they were
+        assert torch.equal(p, p0) and p.shape == p0.shape
     assert _compiled_info(frozen)["frozen"] == 4  # two weights, two biases; not the buffer
     assert "frozen" not in _compiled_info(plain)
     for values in (torch.randn(3, 8), torch.randn(3, 8) * 10):
@@ -125,3 +129,39 @@ def test_written_storages_sees_views_out_and_control_flow_free_programs() -> Non
 def test_freeze_takes_only_bools(value) -> None:
     with pytest.raises(accel_graph.ConfigError, match="True or False"):
         accel_graph.Graph(device="cpu", compile="inductor", compile_options={"freeze": value})
+
+
+def test_cpp_wrapper_option_compiles_and_matches() -> None:
+    x, w = torch.randn(4, 8), torch.randn(8, 3)
+    g = accel_graph.Graph(device="cpu", compile="inductor", compile_options={"cpp_wrapper": True})
+    with torch.inference_mode():
+        with accel_graph.graph(g):
+            out = (x @ w).relu() + 1
+        x.copy_(torch.randn(4, 8))
+        g.replay()
+        want = (x @ w).relu() + 1
+    assert _compiled_info(g)["wrapper"] == "cpp"
+    assert_close_for_dtype(out, want)
+
+
+def test_cpp_wrapper_failure_compiles_with_the_python_wrapper(monkeypatch) -> None:
+    import accel_graph.backends.recorder.compiled as compiled
+
+    real = compiled._compiled_module
+
+    def no_cpp(graph, example, frozen=None, cpp_wrapper=False):
+        if cpp_wrapper:
+            raise RuntimeError("C++ wrapper unavailable in this test")
+        return real(graph, example, frozen, cpp_wrapper)
+
+    monkeypatch.setattr(compiled, "_compiled_module", no_cpp)
+    x = torch.randn(5)
+    g = accel_graph.Graph(device="cpu", compile="inductor", compile_options={"cpp_wrapper": True})
+    with torch.inference_mode():
+        with accel_graph.graph(g):
+            out = x * 3 + 1
+        x.fill_(2.0)
+        g.replay()
+    info = _compiled_info(g)
+    assert info["wrapper"].startswith("python (the C++ wrapper failed: RuntimeError")
+    assert torch.equal(out, torch.full((5,), 7.0))
