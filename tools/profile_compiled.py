@@ -8,8 +8,8 @@ fc; 3x64x64 images). For each model and batch, in one process and timed interlea
 
 - ``eager`` under ``inference_mode`` (the baseline), ``interpreted`` replay, ``torch.compile``
   (``fullgraph=True, dynamic=False``), and compiled replay in each variant of ``--variants``
-  (``default``: the library's settings; ``freeze``: ``compile_options={"freeze": True}``, ``freeze_no_prepack`` without Inductor's
-  mkldnn/mkl weight prepacking;
+  (``default``: the library's settings; ``freeze``: ``compile_options={"freeze": True}``;
+  ``freeze_no_prepack``: the same without Inductor's mkldnn/MKL weight prepacking;
   ``python_wrapper``/``cpp_wrapper``: Inductor's wrapper forced either way; ``size_asserts``:
   Inductor's per-input size/stride asserts back on; ``no_emulate``: without
   ``emulate_precision_casts``). Each variant is a fresh capture compiled with the compile cache
@@ -19,8 +19,9 @@ fc; 3x64x64 images). For each model and batch, in one process and timed interlea
   alone (AOT's runtime wrapper + Inductor's code); the differences are what each layer costs.
 - a ``torch.profiler`` split of one compiled step (``--profile``; a variant compiled with
   Inductor's ``cpp.enable_kernel_profile``): extern GEMMs, Inductor's C++ kernels, allocations,
-  other aten calls, and the rest (Python: wrappers, ours and Inductor's). Profiler events cost
-  about a microsecond each, so read the split as proportions.
+  other aten calls, and the rest (Python: wrappers, ours and Inductor's); and the step's extern
+  GEMMs re-run alone without the profiler (the floor no wrapper change goes below). The
+  profiler inflates the step several times over, so read its split as proportions.
 
 Prints a table and writes JSON (``--json``). Cold compiles take 20-80 s each on 2 busy cores:
 
