@@ -33,10 +33,15 @@ class CompileOptions:
             says which replays and why.
         freeze: compile captured parameters as constants (Inductor's freezing). Opt-in: an
             in-place update of a frozen tensor after instantiation is then not seen by replay.
+        cpp_wrapper: compile Inductor's wrapper (the code calling the kernels) as C++ instead
+            of Python: less per-call overhead, much longer cold compilation (docs/recorder.md,
+            "Compiled replay"). A program the C++ wrapper cannot build compiles with the Python
+            wrapper instead.
     """
 
     replay: str = "auto"
     freeze: bool = False
+    cpp_wrapper: bool = False
 
 
 def parse_compile_options(value: Mapping[str, Any] | CompileOptions | None,
@@ -67,7 +72,10 @@ def parse_compile_options(value: Mapping[str, Any] | CompileOptions | None,
     if replay not in REPLAY_CHOICES:
         raise ConfigError(
             f"compile_options['replay']={replay!r}; use one of {', '.join(map(repr, REPLAY_CHOICES))}")
-    freeze = value.get("freeze", False)
-    if not isinstance(freeze, bool):
-        raise ConfigError(f"compile_options['freeze'] must be True or False, not {freeze!r}")
-    return CompileOptions(replay=replay, freeze=freeze)
+    flags = {}
+    for name in ("freeze", "cpp_wrapper"):
+        flag = value.get(name, False)
+        if not isinstance(flag, bool):
+            raise ConfigError(f"compile_options[{name!r}] must be True or False, not {flag!r}")
+        flags[name] = flag
+    return CompileOptions(replay=replay, **flags)

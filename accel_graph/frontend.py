@@ -102,7 +102,7 @@ class Graph:
             once at instantiation (recorder only; native backends ignore it with a warning).
             Unset, ``ACCEL_GRAPH_COMPILE`` supplies the default.
         compile_options: options of compiled replay (:class:`~accel_graph.compile_options.
-            CompileOptions`: ``replay``, ``freeze``); only with ``compile="inductor"``.
+            CompileOptions`: ``replay``, ``freeze``, ``cpp_wrapper``); only with ``compile="inductor"``.
 
     ``graph_pool`` and ``capture_error_mode`` are attributes, as on ``torch.accelerator.Graph``:
     ``capture_begin()`` without arguments and ``with g:`` use them, so setting them (before a

@@ -20,7 +20,8 @@ def test_defaults_and_values() -> None:
 @pytest.mark.parametrize(("value", "words"), [
     ({"replay": "fastest"}, "'auto', 'compiled', 'interpreted'"),
     ({"freeze": 1}, "True or False"),
-    ({"frezee": True}, "unknown compile_options key(s) 'frezee'; accepted: freeze, replay"),
+    ({"frezee": True}, "unknown compile_options key(s) 'frezee'; accepted: cpp_wrapper, freeze, replay"),
+    ({"cpp_wrapper": "on"}, "True or False"),
     (["replay"], "must be a dict"),
 ])
 def test_bad_values_name_what_is_accepted(value: object, words: str) -> None:

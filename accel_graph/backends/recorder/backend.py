@@ -8,6 +8,7 @@ operations fail at the op.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import weakref
@@ -33,6 +34,7 @@ from .capture import Capture, InputRecord, Step, active_capture
 from .compile_failures import compiler_hint, failure_reason, quiet_torch_errors
 from .compiled import compile_program
 from .dump import describe, write_dump
+from .freezing import written_storages
 from .pool import make_pool
 from .pool_protocol import GraphPool, PoolEvent, PoolRef
 from .program import build_replay, materialize, replayed
@@ -288,7 +290,7 @@ class RecorderGraphImpl(GraphImpl):
         try:
             with quiet_torch_errors():  # our one log line below says what failed
                 run, info = compile_any(self._frozen_steps, self._inputs, self._outputs,
-                                        self._pool, compile_program)
+                                        self._pool, self._compile_fn())
         except Exception as exc:  # any compiler failure: replay still works, interpreted
             reason = failure_reason(exc)
             hint = compiler_hint(exc)
@@ -304,6 +306,18 @@ class RecorderGraphImpl(GraphImpl):
             run()
 
         return replay
+
+    def _compile_fn(self) -> Any:
+        """``compile_program`` with this graph's ``compile_options``: with ``freeze``, told what
+        the whole program writes (a stretch of a segmented program must not freeze what another
+        stretch writes); with ``cpp_wrapper``, told so."""
+        opts = self._compile_options
+        kwargs: dict[str, Any] = {}
+        if opts.freeze:
+            kwargs["written"] = written_storages(self._frozen_steps)
+        if opts.cpp_wrapper:
+            kwargs["cpp_wrapper"] = True
+        return functools.partial(compile_program, **kwargs) if kwargs else compile_program
 
     def replay(self) -> None:
         if torch._C._len_torch_dispatch_stack():

@@ -37,8 +37,9 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from . import collectives
+from . import collectives, compile_settings
 from .capture import InputRecord, Step
+from .freezing import FrozenConstants, constants_key
 from .pool_protocol import GraphPool, PoolRef, refs_overlap
 from .pytree import tree_map
 
@@ -89,7 +90,8 @@ class CompileUnsupported(Exception):
     """The program has a shape the FX translation does not handle (falls back, logged)."""
 
 
-def build_fx(steps: list[Step], outputs: list[PoolRef]) -> tuple[fx.Graph, list[torch.Tensor], list[PoolRef]]:
+def build_fx(steps: list[Step], outputs: list[PoolRef], frozen: FrozenConstants | None = None
+             ) -> tuple[fx.Graph, list[torch.Tensor], list[PoolRef]]:
     """The FX graph of a captured program.
 
     Returns the graph (a plain ``fx.Graph``: wrapping it in a GraphModule generates Python source
@@ -98,6 +100,8 @@ def build_fx(steps: list[Step], outputs: list[PoolRef]) -> tuple[fx.Graph, list[
     order) and the output locations (its trailing placeholders, written with ``copy_``). Among the
     leading placeholders, pool locations no step of this program produced (outputs of an earlier
     graph in a shared pool) appear as their :class:`PoolRef`; the caller materializes them.
+    With ``frozen``, the tensors it accepts (:mod:`.freezing`) become ``get_attr`` constants
+    instead of placeholders, collected in ``frozen.tensors``.
     """
     graph = fx.Graph()
     ext_nodes: dict[int, fx.Node] = {}
@@ -112,6 +116,10 @@ def build_fx(steps: list[Step], outputs: list[PoolRef]) -> tuple[fx.Graph, list[
 
     def external(t: torch.Tensor) -> fx.Node:
         node = ext_nodes.get(id(t))
+        if node is None and frozen is not None:
+            name = frozen.add(t)
+            if name is not None:
+                node = ext_nodes[id(t)] = graph.get_attr(name)
         if node is None:
             node = graph.placeholder(f"in{len(ext_tensors)}")
             ext_nodes[id(t)] = node
@@ -331,28 +339,37 @@ def clear_compile_cache() -> None:
         _COUNTS.update(compiles=0, hits=0)
 
 
-def _compiled_module(graph: fx.Graph, example: list[torch.Tensor]) -> tuple[Any, bool, str]:
-    """The Inductor module for ``graph`` at ``example``'s layout, from the cache or compiled now.
-    Returns ``(module, hit, attempt)``: ``attempt`` says which compile worked. Compilations
-    take turns (module docstring); a failure is not cached."""
+def _compiled_module(graph: fx.Graph, example: list[torch.Tensor], frozen: FrozenConstants | None = None,
+                     cpp_wrapper: bool = False) -> tuple[Any, bool, str]:
+    """The Inductor module for ``graph`` at ``example``'s layout (and ``frozen``'s constants, the
+    ``get_attr`` targets of ``graph``), from the cache or compiled now. Returns ``(module, hit,
+    attempt)``: ``attempt`` says which compile worked. Compilations take turns (module
+    docstring); a failure is not cached."""
     from torch._inductor import config as inductor_config
     from torch._inductor.compile_fx import compile_fx
 
     key, keep = program_key(graph, example)
+    consts = frozen.tensors if frozen is not None else {}
+    if consts:  # the constants' identity and version: old values are never reused
+        key = (key, constants_key(consts))
+        keep.extend(consts.values())
+    if cpp_wrapper:
+        key = (key, "cpp_wrapper")
+
+    def module() -> fx.GraphModule:
+        # compile_fx mutates the GraphModule it is given: a new one for every attempt.
+        return fx.GraphModule(frozen.module() if consts else torch.nn.Module(), graph)
+
     with _COMPILE_LOCK:
         entry = _MODULES.get(key)
         if entry is not None:
             _MODULES.move_to_end(key)
             _COUNTS["hits"] += 1
             return entry[0], True, entry[2]
-        # fallback_random: random ops call aten's kernels, so draws equal eager's after a seed.
-        # emulate_precision_casts: keep eager's rounding of fp16/bf16 intermediates, which
-        # Inductor otherwise elides when it fuses low-precision ops (results then differ from
-        # eager by more than the fp32 tolerance, e.g. (x.half() + 1).float()).
-        with inductor_config.patch(fallback_random=True, emulate_precision_casts=True):
+        with inductor_config.patch(compile_settings.inductor_settings(bool(consts), cpp_wrapper)):
             try:
                 with torch.no_grad(), _static_tracing():
-                    compiled = compile_fx(fx.GraphModule(torch.nn.Module(), graph), example)
+                    compiled = compile_fx(module(), example)
                 attempt = "static shapes"
             except Exception as exc:
                 # Any failure under the static-shape tracing context is retried without it
@@ -364,7 +381,7 @@ def _compiled_module(graph: fx.Graph, example: list[torch.Tensor]) -> tuple[Any,
                 log.debug("compile under the static-shape tracing context failed (%s: %s); "
                           "retrying without it", type(exc).__name__, str(exc).strip()[:200])
                 with torch.no_grad():
-                    compiled = compile_fx(fx.GraphModule(torch.nn.Module(), graph), example)
+                    compiled = compile_fx(module(), example)
                 attempt = "retried without the static-shape tracing context"
         _COUNTS["compiles"] += 1
         _MODULES[key] = (compiled, keep, attempt)
@@ -374,12 +391,17 @@ def _compiled_module(graph: fx.Graph, example: list[torch.Tensor]) -> tuple[Any,
 
 
 def compile_program(
-    steps: list[Step], inputs: list[InputRecord], outputs: list[PoolRef], pool: GraphPool
+    steps: list[Step], inputs: list[InputRecord], outputs: list[PoolRef], pool: GraphPool,
+    *, written: set | None = None, cpp_wrapper: bool = False,
 ) -> tuple[Callable[[], None], dict[str, Any]]:
     """Compile with Inductor, or reuse the module of an identical program (module docstring).
-    Returns ``(replay_fn, info)``; raises on any failure."""
+    Returns ``(replay_fn, info)``; raises on any failure. ``written`` (the storages the whole
+    captured program writes, :func:`.freezing.written_storages`) turns on freezing: captured
+    parameters outside it are compiled as constants. ``cpp_wrapper`` asks for Inductor's C++
+    wrapper; a program it cannot build is compiled with the Python wrapper (logged)."""
     t0 = time.perf_counter()
-    graph, ext, out_refs = build_fx(steps, outputs)
+    frozen = FrozenConstants(written) if written is not None else None
+    graph, ext, out_refs = build_fx(steps, outputs, frozen)
     # An input over pool memory the program also writes as an output (a backward graph writing
     # a gradient where an activation it read lived, memory reused within the capture): the
     # compiled program reads a private copy of it, made before each run, since AOT autograd's
@@ -392,7 +414,16 @@ def compile_program(
         ext[i] = copy
     statics = [pool.materialize(r) for r in out_refs]
     example = [*ext, *statics]
-    compiled, hit, attempt = _compiled_module(graph, example)
+    wrapper = "cpp" if cpp_wrapper else "python"
+    try:
+        compiled, hit, attempt = _compiled_module(graph, example, frozen, cpp_wrapper)
+    except Exception as exc:
+        if not cpp_wrapper:
+            raise
+        wrapper = f"python (the C++ wrapper failed: {type(exc).__name__})"
+        log.info("compile='inductor': the C++ wrapper failed for a graph (%s: %s); compiling "
+                 "with the Python wrapper", type(exc).__name__, str(exc).strip()[:200])
+        compiled, hit, attempt = _compiled_module(graph, example, frozen, False)
     compile_s = time.perf_counter() - t0
     args = tuple(example)
 
@@ -418,5 +449,8 @@ def compile_program(
         "placeholders": len(example),
         "intermediates": "allocated per call by Inductor, outside the graph's pool",
         "staged_inputs": len(staged),
+        "wrapper": wrapper,
     }
+    if frozen is not None:
+        info["frozen"] = len(frozen.tensors)
     return run, info
