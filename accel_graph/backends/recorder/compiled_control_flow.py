@@ -27,6 +27,7 @@ accept. The host loop costs one predicate read per iteration, which a decode ste
 
 from __future__ import annotations
 
+import bisect
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -34,7 +35,7 @@ from typing import Any
 import torch
 
 from .capture import Step
-from .pool_protocol import GraphPool, PoolRef, refs_overlap
+from .pool_protocol import GraphPool, PoolRef, refs_overlap, storage_bytes
 from .program import CONTROL_KINDS, build_replay, materialize
 from .pytree import tree_flatten
 
@@ -171,7 +172,7 @@ def stage_reads_before_writes(sub: list[Step], pool: GraphPool) -> tuple[list[St
     Raises :class:`StagingUnsupported` where such memory is also reached through another,
     overlapping location (a view of it), which the substitution would miss.
     """
-    made = {ref for step in sub for ref in allocations(step)}
+    made = _Allocated([ref for step in sub for ref in allocations(step)])
     first_write: dict[Any, int] = {}
     last_read: dict[Any, int] = {}
     views: set[Any] = set()  # views made by the sub-program itself
@@ -226,7 +227,38 @@ def _copied(step: Step) -> list[Any]:
     return []
 
 
-def _key(x: Any, made: set[PoolRef]) -> Any:
+class _Allocated:
+    """The memory a program allocates: ``ref in made`` is whether ``ref`` overlaps any of it
+    (a view of an allocation is the program's own memory too). Sorted ranges per segment with a
+    running maximum of their ends, so a query is a binary search, not a scan."""
+
+    def __init__(self, refs: list[PoolRef]) -> None:
+        by_seg: dict[int, list[tuple[int, int]]] = {}
+        for r in refs:
+            n = storage_bytes(r.shape, r.stride, r.dtype.itemsize)
+            if n:
+                by_seg.setdefault(r.segment, []).append((r.byte_offset, r.byte_offset + n))
+        self._index: dict[int, tuple[list[int], list[int]]] = {}
+        for seg, ranges in by_seg.items():
+            ranges.sort()
+            ends, top = [], 0
+            for _, end in ranges:
+                top = max(top, end)
+                ends.append(top)
+            self._index[seg] = ([start for start, _ in ranges], ends)
+
+    def __contains__(self, ref: object) -> bool:
+        if not isinstance(ref, PoolRef) or ref.segment not in self._index:
+            return False
+        n = storage_bytes(ref.shape, ref.stride, ref.dtype.itemsize)
+        if not n:
+            return False
+        starts, ends = self._index[ref.segment]
+        i = bisect.bisect_left(starts, ref.byte_offset + n) - 1  # ranges starting before its end
+        return i >= 0 and ends[i] > ref.byte_offset
+
+
+def _key(x: Any, made: _Allocated) -> Any:
     """The identity of memory a sub-program did not allocate (None for its own allocations)."""
     if x.__class__ is PoolRef:
         return None if x in made else x
@@ -286,7 +318,7 @@ def _mutate_access(step: Step) -> tuple[list[Any], list[Any]]:
     return written, read
 
 
-def _substituted(step: Step, snaps: dict[Any, torch.Tensor], made: set[PoolRef]) -> Step:
+def _substituted(step: Step, snaps: dict[Any, torch.Tensor], made: _Allocated) -> Step:
     """``step`` (and its sub-programs) reading the snapshots in ``snaps`` (by memory key)."""
     def swap(x: Any) -> Any:
         if x.__class__ is PoolRef or isinstance(x, torch.Tensor):
