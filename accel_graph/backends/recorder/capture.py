@@ -441,6 +441,9 @@ class Capture:
         return tree_map(lambda _: next(it), plan.structure)
 
 
+_COMPOSITE = torch._C.DispatchKey.CompositeImplicitAutograd
+
+
 class _RecordingMode(TorchDispatchMode):
     """Routes every aten op of the capturing thread to its :class:`Capture`."""
 
@@ -460,8 +463,18 @@ class _RecordingMode(TorchDispatchMode):
             # The capture is over but torch keeps the mode on the stack until the recorder
             # next runs on this thread: run the op eagerly, exactly as with no mode.
             return func(*args, **(kwargs or {}))
+        kwargs = kwargs or {}
+        if torch.is_inference_mode_enabled() and func.has_kernel_for_dispatch_key(_COMPOSITE):
+            # Under inference mode the autograd keys are excluded, so composite ops (linear,
+            # adaptive_avg_pool2d) reach the mode whole; eager runs their decomposition, and a
+            # whole op's .out kernel may compute differently (adaptive_avg_pool2d.out to 1x1 is
+            # not the functional's mean: 9e-8 off). Record the decomposition, as eager runs it.
+            with self:
+                out = func.decompose(*args, **kwargs)
+            if out is not NotImplemented:
+                return out
         try:
-            return cap.handle(func, args, kwargs or {})
+            return cap.handle(func, args, kwargs)
         except CaptureError as exc:
             cap.invalidate(func, exc)
             raise
