@@ -38,6 +38,7 @@ def test_models_report_no_compile(tmp_path: Path, capsys: pytest.CaptureFixture[
 
     assert report["schema"] == bench_models.MODELS_SCHEMA
     assert report["settings"]["compile"] is False and report["settings"]["threads"] == 1
+    assert report["inductor_warmup"] is None  # nothing compiles: no warm-up either
     assert set(report["models"]) == {"decoder", "resnet"}
     assert report["models"]["resnet"]["parameters"] > 0
     assert set(report["variants"]) == set(bench_models.MODEL_VARIANTS)
@@ -80,6 +81,7 @@ def test_failures_are_rows_not_crashes(monkeypatch: pytest.MonkeyPatch) -> None:
                                         calls_per_round=1, warmup=0, seconds=0.2,
                                         autotune=False, resnet=TINY_RESNET)
     report = bench_models.run_models_bench(s)
+    assert report["inductor_warmup"]["status"] == "failed"  # the same refusal, reported
     rows = {r["variant"]: r for r in report["rows"]}
     assert rows["compile"]["status"] == "failed"
     assert rows["compile"]["reason"] == "RuntimeError: no C++ compiler here"
