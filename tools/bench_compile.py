@@ -16,7 +16,9 @@ from the process-wide cache):
   all, ``cache == "hit"``), measured in both child processes;
 - ``cycles``: N capture/replay/reset cycles of the identical compiled graph in one process: RSS
   (``psutil``) sampled at ~100 points, least-squares slope over the second half in bytes per
-  1000 cycles, and ``compile_cache_info()`` before and after (issue goal: memory flat);
+  1000 cycles, growth per cycle in each quarter of the run (RSS grows over the first ~700
+  cycles on the decoder, then stays flat), and ``compile_cache_info()`` before and after
+  (issue goal: memory flat);
 - ``workers``: ``GraphRunner(decode_step, buckets=..., compile="inductor").capture()`` in a
   fresh process with an empty cache directory per run, for each Inductor ``compile_threads``
   value (``TORCHINDUCTOR_COMPILE_THREADS``: parallel C++ kernel compiles within one graph);
@@ -91,6 +93,7 @@ def child_compile() -> dict[str, Any]:
             model.decode_step(*args)
         again_wall = time.perf_counter() - t0
     again = g2.compile_info() or {}
+    cache_info = compile_cache_info()
     # The same program again with our module cache emptied: Inductor's FX graph cache hits, and
     # the once-per-process costs of the first compile (imports aside: torch's source hash, the
     # vector-ISA probe build, compiler probes) are already paid.
@@ -110,7 +113,7 @@ def child_compile() -> dict[str, Any]:
         "fx_cache_hit_in_process": {"compile_s": third.get("compile_s"), "cache": third.get("cache"),
                                     "fxgraph_cache": {k: after[k] - before.get(k, 0) for k in after}},
         "fxgraph_cache": _fxgraph(),
-        "compile_cache": compile_cache_info(),
+        "compile_cache": cache_info,  # after the recapture, before the cache was cleared
     }
 
 
@@ -201,7 +204,11 @@ def measure_cycles(n: int) -> dict[str, Any]:
     mx, my = statistics.fmean(xs), statistics.fmean(ys)
     den = sum((x - mx) ** 2 for x in xs)
     slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / den if den else 0.0
+    q = len(points) // 4
+    quarters = [(points[a][1] - points[b][1]) / max(1, points[a][0] - points[b][0])
+                for b, a in ((0, q), (q, 2 * q), (2 * q, 3 * q), (3 * q, len(points) - 1))]
     return {"cycles": n, "wall_s": wall, "ms_per_cycle": wall / n * 1e3,
+            "growth_bytes_per_cycle_by_quarter": quarters,
             "rss_start_bytes": points[0][1], "rss_end_bytes": points[-1][1],
             "rss_slope_bytes_per_1000_cycles": slope * 1000,
             "compile_cache_before": before, "compile_cache_after": compile_cache_info()}
@@ -260,6 +267,8 @@ def format_report(r: dict[str, Any]) -> str:
                   f"{cy['ms_per_cycle']:.2f} ms/cycle, RSS {cy['rss_start_bytes'] / 2**20:.1f} -> "
                   f"{cy['rss_end_bytes'] / 2**20:.1f} MiB, slope (2nd half) "
                   f"{cy['rss_slope_bytes_per_1000_cycles'] / 1024:.1f} KiB per 1000 cycles",
+                  "        RSS growth per cycle by quarter of the run: "
+                  + ", ".join(f"{x:.0f} B" for x in cy["growth_bytes_per_cycle_by_quarter"]),
                   f"        compile_cache_info {cy['compile_cache_before']} -> {cy['compile_cache_after']}"]
     wk = r.get("workers")
     if wk:
@@ -276,7 +285,7 @@ def format_report(r: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--cycles", type=int, default=1000, help="capture/replay/reset cycles (default 1000)")
+    p.add_argument("--cycles", type=int, default=2000, help="capture/replay/reset cycles (default 2000)")
     p.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4],
                    help="Inductor compile_threads values to compare (default 1 2 4)")
     p.add_argument("--buckets", type=int, nargs="+", default=[1, 2, 4, 8],
