@@ -185,7 +185,7 @@ def _setup_replay(
         graph_memory_bytes=_graph_memory(g),
         standalone_bytes=_graph_bytes(g, "standalone_bytes"),
         pool_reserved_bytes=_pool_reserved(g),
-        compiled=getattr(getattr(g, "_impl", None), "_compiled", None),
+        compiled=g.compile_info(),
         bitwise_equal_to_eager=bool(torch.equal(out, ref)),
         max_abs_diff_vs_eager=_max_abs_diff(out, ref),
     )
