@@ -371,6 +371,17 @@ class Graph:
         instantiation (and after ``reset()``) a compiled graph is ``"undecided"``."""
         return self._impl.replay_mode()
 
+    def compile_info(self) -> dict[str, Any] | None:
+        """What compiling the replay program did (``compile="inductor"``), once instantiated.
+
+        On the recorder: ``{"backend": "inductor", "compile_s", "cache": "hit" | "miss", ...}``
+        (``compile_s`` is the seconds instantiation spent building and compiling the program, or
+        fetching it from the process-wide cache on a hit), or ``{"backend", "fallback": reason}``
+        when compilation failed and replay is interpreted. None when the graph is not compiled or
+        not instantiated yet, and on backends that do not compile.
+        """
+        return self._impl.compile_info()
+
     # -- context manager (torch.accelerator.Graph) --------------------------------------
     def _prepare_block_capture(self) -> None:
         """What both block forms do before ``capture_begin``: refuse misuse before touching the

@@ -44,3 +44,46 @@ def test_compile_options_reach_every_bucket_graph() -> None:
     assert [row["replay_mode"] for row in r.memory_report()["buckets"]] == ["interpreted"] * 2
     x = torch.randn(2, 8)
     torch.testing.assert_close(r(x), fn(x))
+
+@pytest.mark.slow
+def test_compile_time_reported_apart_from_capture() -> None:
+    """Each bucket's compile_ms is part of its capture_ms; stats add them up; a second runner
+    over the same programs compiles nothing (process-wide module cache: "hit")."""
+    w = torch.randn(8, 8)
+
+    def fn(x):
+        return torch.tanh(x @ w) - 3
+
+    def run() -> dict:
+        r = GraphRunner(fn, torch.zeros(1, 8), buckets=[1, 2], compile="inductor",
+                        progress=False).capture()
+        g = r.graph(2)
+        assert g is not None
+        info = g.compile_info()
+        assert info is not None and info["backend"] == "inductor"
+        info["cache"] = "changed"  # a copy: the graph's own record is not the caller's
+        assert g.compile_info()["cache"] != "changed"
+        return r.stats()
+
+    first = run()
+    buckets = first["buckets"]
+    if any(b["compile_cache"] == "fallback" for b in buckets):
+        pytest.skip("Inductor cannot compile here")
+    for b in buckets:
+        assert b["compile_cache"] in ("hit", "miss")
+        assert 0 < b["compile_ms"] <= b["capture_ms"]
+    total = sum(b["compile_ms"] for b in buckets) / 1e3
+    assert first["compile_seconds"] == pytest.approx(total)
+    assert first["compile_seconds"] <= first["capture_seconds"]
+    again = run()
+    assert [b["compile_cache"] for b in again["buckets"]] == ["hit", "hit"]
+
+
+def test_uncompiled_runner_reports_no_compile_time() -> None:
+    r = GraphRunner(lambda x: x * 2, torch.zeros(1, 4), buckets=[1, 2], progress=False).capture()
+    st, mem = r.stats(), r.memory_report()
+    assert st["compile_seconds"] == 0.0 and st["capture_seconds"] > 0
+    assert all(b["compile_ms"] is None and b["compile_cache"] is None for b in st["buckets"])
+    assert all(b["compile_ms"] is None for b in mem["buckets"])
+    g = r.graph(1)
+    assert g is not None and g.compile_info() is None

@@ -240,6 +240,12 @@ class GraphImpl(ABC):
         itself (torch's CUDA/HIP graphs do, in ``capture_end``)."""
         return None
 
+    def compile_info(self) -> dict[str, Any] | None:
+        """What compiling the replay program did, once instantiated (JSON-ready; keys are the
+        backend's, e.g. the recorder's ``compile_s``, ``cache``, or ``fallback`` with the
+        reason), or None when the graph is not compiled (or not instantiated yet)."""
+        return None
+
 
 class Backend(ABC):
     """A device family. Static facts are class attributes; behaviour is a small contract.

@@ -17,7 +17,6 @@ whose schema is :data:`SCHEMA_VERSION` and is documented in ``docs/benchmarks.md
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -28,9 +27,21 @@ import torch
 
 from ..errors import BackendUnavailable
 from ..models import Decoder, DecoderConfig
-from .timing import count_allocations, hardware_info, interleaved_samples, summarize_ns
+from .timing import (
+    count_allocations,
+    hardware_info,
+    interleaved_samples,
+    load_avg,
+    summarize_ns,
+)
 
-__all__ = ["SCHEMA_VERSION", "VARIANTS", "DecodeBenchSettings", "run_decode_bench"]
+__all__ = [
+    "SCHEMA_VERSION",
+    "VARIANTS",
+    "DecodeBenchSettings",
+    "prepare_decoder",
+    "run_decode_bench",
+]
 
 #: Version of the report layout; bump it when a key changes meaning or disappears.
 SCHEMA_VERSION = 1
@@ -177,7 +188,7 @@ def _setup_replay(
         graph_memory_bytes=_graph_memory(g),
         standalone_bytes=_graph_bytes(g, "standalone_bytes"),
         pool_reserved_bytes=_pool_reserved(g),
-        compiled=getattr(getattr(g, "_impl", None), "_compiled", None),
+        compiled=g.compile_info(),
         bitwise_equal_to_eager=bool(torch.equal(out, ref)),
         max_abs_diff_vs_eager=_max_abs_diff(out, ref),
     )
@@ -264,26 +275,31 @@ def run_decode_bench(settings: DecodeBenchSettings | None = None) -> dict[str, A
         torch.set_num_threads(prev_threads)
 
 
-def _load_avg() -> list[float] | None:
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except (AttributeError, OSError):  # not on every platform
-        return None
+def prepare_decoder(
+    cfg: DecoderConfig, prompt_len: int
+) -> tuple[Decoder, torch.Tensor, torch.Tensor]:
+    """The benchmark's decoder state: ``(model, tokens, positions)`` for ``max_batch`` rows.
+
+    The model is built from ``cfg`` and every row's cache is prefilled with ``prompt_len``
+    tokens (from a local generator seeded ``cfg.seed + 1``). Row i then decodes ``tokens[i]`` at
+    position ``prompt_len + i``; a batch-b step uses the first b rows (slice and clone). Row i
+    gets the same token and position at every batch size, so all variants and batch sizes
+    write identical values into the shared cache and the state stays fixed while timing.
+    """
+    model = Decoder(cfg)
+    gen = torch.Generator().manual_seed(cfg.seed + 1)
+    prompt = torch.randint(0, cfg.vocab_size, (cfg.max_batch, prompt_len), generator=gen)
+    base_tokens = torch.randint(0, cfg.vocab_size, (cfg.max_batch,), generator=gen)
+    base_pos = prompt_len + torch.arange(cfg.max_batch)
+    with torch.inference_mode():
+        model.prefill(prompt)
+    return model, base_tokens, base_pos
 
 
 def _run(s: DecodeBenchSettings) -> dict[str, Any]:
-    load_start = _load_avg()
+    load_start = load_avg()
     cfg = s.model
-    model = Decoder(cfg)
-    gen = torch.Generator().manual_seed(cfg.seed + 1)
-    prompt = torch.randint(0, cfg.vocab_size, (cfg.max_batch, s.prompt_len), generator=gen)
-    base_tokens = torch.randint(0, cfg.vocab_size, (cfg.max_batch,), generator=gen)
-    # Row i decodes at position prompt_len + i: per-row positions, all inside the cache. Row i
-    # gets the same token and position at every batch size, so all variants and batch sizes
-    # write identical values into the shared cache and the state stays fixed while timing.
-    base_pos = s.prompt_len + torch.arange(cfg.max_batch)
-    with torch.inference_mode():
-        model.prefill(prompt)
+    model, base_tokens, base_pos = prepare_decoder(cfg, s.prompt_len)
 
     fns: dict[str, Callable[[], object]] = {}
     rows: dict[tuple[str, int], dict[str, Any]] = {}
@@ -379,7 +395,7 @@ def _run(s: DecodeBenchSettings) -> dict[str, Any]:
         "tool": "accel-graph bench",
         "created_utc": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "hardware": hardware_info(),
-        "load_avg": {"start": load_start, "end": _load_avg()},
+        "load_avg": {"start": load_start, "end": load_avg()},
         "model": {
             "name": "accel_graph.models.Decoder",
             **cfg.as_dict(),

@@ -23,6 +23,7 @@ __all__ = [
     "count_allocations",
     "hardware_info",
     "interleaved_samples",
+    "load_avg",
     "percentile",
     "summarize_ns",
 ]
@@ -158,3 +159,11 @@ def hardware_info() -> dict[str, object]:
         "python": platform.python_version(),
         "platform": platform.platform(),
     }
+
+
+def load_avg() -> list[float] | None:
+    """``os.getloadavg()`` rounded to 2 places, or None where the platform has none."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except (AttributeError, OSError):  # not on every platform
+        return None

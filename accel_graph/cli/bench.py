@@ -1,14 +1,18 @@
-"""``accel-graph bench``: the decode-step benchmark as a command (table on stdout, JSON on request).
+"""``accel-graph bench``: the decode-step benchmark as a command (table on stdout, JSON on request);
+``accel-graph bench --models``: the model benchmark (decoder and ResNet, five variants).
 
-The measurement itself lives in :mod:`accel_graph.bench.decode`; this module parses options,
-prints the table and writes the JSON report (schema in ``docs/benchmarks.md``).
+The measurements live in :mod:`accel_graph.bench.decode` and :mod:`accel_graph.bench.models`;
+this module parses options, prints the table and writes the JSON report (schemas in
+``docs/benchmarks.md``).
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -26,28 +30,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         default=[1, 8],
         metavar="B",
-        help="batch sizes of the decode step (default: 1 8)",
+        help="batch sizes of the decode step (default: 1 8; with --models: the decoder's)",
     )
     parser.add_argument(
         "--iters",
         type=int,
         metavar="N",
-        default=1000,
-        help="timed calls per variant and batch size (default: 1000)",
+        default=None,
+        help="timed calls per variant and batch size (default: 1000; --models: at most 300)",
     )
     parser.add_argument(
         "--warmup",
         type=int,
         metavar="N",
-        default=20,
-        help="untimed calls per variant and batch size first (default: 20)",
+        default=None,
+        help="untimed calls per variant and batch size first (default: 20; --models: 5)",
     )
     parser.add_argument(
         "--calls-per-round",
         type=int,
         metavar="N",
-        default=10,
-        help="calls of one variant in a row within each interleaved round (default: 10)",
+        default=None,
+        help="calls of one variant in a row within each interleaved round (default: 10; "
+        "--models: 5)",
     )
     parser.add_argument(
         "--alloc-calls",
@@ -73,29 +78,117 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-compile",
         action="store_true",
-        help="skip the torch.compile variant (it needs a C++ compiler and time)",
+        help="skip the compiled variants (they need a C++ compiler and time)",
     )
+    models = parser.add_argument_group("model benchmark (--models)")
+    models.add_argument(
+        "--models",
+        action="store_true",
+        help="benchmark eager, replay, compiled replay and torch.compile (default and "
+        "max-autotune-no-cudagraphs) on the decoder and a small ResNet instead",
+    )
+    models.add_argument(
+        "--only",
+        nargs="+",
+        choices=("decoder", "resnet"),
+        default=["decoder", "resnet"],
+        help="models to run (default: decoder resnet)",
+    )
+    models.add_argument(
+        "--resnet-batch",
+        type=int,
+        nargs="+",
+        default=[1, 4],
+        metavar="B",
+        help="batch sizes of the ResNet (default: 1 4)",
+    )
+    models.add_argument(
+        "--seconds",
+        type=float,
+        default=8.0,
+        metavar="S",
+        help="timed seconds per model and batch at most (fewer rounds than --iters then; "
+        "default: 8)",
+    )
+    models.add_argument(
+        "--cold-cache",
+        action="store_true",
+        help="compile into a new, empty Inductor cache directory (TORCHINDUCTOR_CACHE_DIR), "
+        "removed afterwards, so compile seconds are cold",
+    )
+    models.add_argument(
+        "--no-autotune",
+        action="store_true",
+        help="skip torch.compile max-autotune-no-cudagraphs (slow to compile on a CPU)",
+    )
+
+
+def _given(args: argparse.Namespace, name: str, default: int) -> int:
+    value = getattr(args, name)
+    return default if value is None else value
+
+
+def _run_models(args: argparse.Namespace) -> dict[str, Any]:
+    from ..bench.models import ModelBenchSettings, format_models_report, run_models_bench
+
+    d = ModelBenchSettings()
+    settings = ModelBenchSettings(
+        models=tuple(args.only),
+        decoder_batches=tuple(args.batch),
+        resnet_batches=tuple(args.resnet_batch),
+        iters=_given(args, "iters", d.iters),
+        seconds=args.seconds,
+        warmup=_given(args, "warmup", d.warmup),
+        calls_per_round=_given(args, "calls_per_round", d.calls_per_round),
+        threads=args.threads,
+        compile=not args.no_compile,
+        autotune=not args.no_autotune,
+    )
+    try:
+        settings.validate()
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    if not args.cold_cache:
+        report = run_models_bench(settings)
+    else:
+        # Before anything compiles: Inductor reads the variable whenever it needs the directory.
+        saved = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+        with tempfile.TemporaryDirectory(prefix="accel-graph-inductor-") as cache:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache
+            try:
+                report = run_models_bench(settings)
+            finally:
+                if saved is None:
+                    os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+                else:
+                    os.environ["TORCHINDUCTOR_CACHE_DIR"] = saved
+        report["settings"]["cold_cache"] = True
+    sys.stdout.write(format_models_report(report))
+    return report
 
 
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark with ``args``, print the table, write ``--json``; returns 0."""
     from ..bench.decode import DecodeBenchSettings, run_decode_bench
 
-    settings = DecodeBenchSettings(
-        batches=tuple(args.batch),
-        iters=args.iters,
-        warmup=args.warmup,
-        calls_per_round=args.calls_per_round,
-        threads=args.threads,
-        compile=not args.no_compile,
-        alloc_calls=args.alloc_calls,
-    )
-    try:
-        settings.validate()
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from exc
-    report = run_decode_bench(settings)
-    sys.stdout.write(format_report(report))
+    if args.models:
+        report = _run_models(args)
+    else:
+        settings = DecodeBenchSettings(
+            batches=tuple(args.batch),
+            iters=_given(args, "iters", 1000),
+            warmup=_given(args, "warmup", 20),
+            calls_per_round=_given(args, "calls_per_round", 10),
+            threads=args.threads,
+            compile=not args.no_compile,
+            alloc_calls=args.alloc_calls,
+        )
+        try:
+            settings.validate()
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
+        report = run_decode_bench(settings)
+        sys.stdout.write(format_report(report))
     if args.json is not None:
         write_json(args.json, report)  # strict JSON, keys in the report's order
         sys.stdout.write(f"wrote {args.json}\n")

@@ -307,7 +307,7 @@ def run_demo(*, buckets: list[int] | tuple[int, ...] = (1, 2, 4), requests: int 
     table = []
     for m in memory["buckets"]:
         g = runner.graph(m["bucket"])
-        compiled = getattr(getattr(g, "_impl", None), "_compiled", None) if g is not None else None
+        compiled = g.compile_info() if g is not None else None
         table.append({
             "bucket": m["bucket"],
             "status": m["status"],

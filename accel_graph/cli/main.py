@@ -28,7 +28,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "bench": (
         "accel_graph.cli.bench",
-        "time the bundled decoder's decode step: eager vs graph replay vs torch.compile",
+        "time the bundled decoder's decode step (--models: decoder and ResNet): eager vs "
+        "graph replay vs torch.compile",
     ),
     "doctor": (
         "accel_graph.cli.doctor",

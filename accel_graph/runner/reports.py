@@ -28,6 +28,7 @@ def memory_report(rt: RunnerRuntime) -> dict[str, Any]:
         "status": b.status,
         "reason": b.reason,
         "capture_ms": b.capture_ms,
+        "compile_ms": b.compile_ms,
         "incremental_bytes": b.incremental_bytes if b.graph is not None else None,
         "standalone_bytes": b.standalone_bytes,
         "pool_after_capture_bytes": b.pool_after_bytes,
@@ -65,6 +66,7 @@ def stats(rt: RunnerRuntime) -> dict[str, Any]:
         per.append({"bucket": b.size, "status": b.status, "replays": b.replays,
                     "live_rows": b.live_rows, "padded_rows": b.replays * b.size - b.live_rows,
                     "verified": b.verified, "capture_ms": b.capture_ms,
+                    "compile_ms": b.compile_ms, "compile_cache": b.compile_cache,
                     "captured_at_call": b.captured_at_call})
         live += b.live_rows
         padded += b.replays * b.size - b.live_rows
@@ -75,6 +77,7 @@ def stats(rt: RunnerRuntime) -> dict[str, Any]:
         "capture_mode": rt.capture_mode,
         "stale_output_warnings": rt.stale_output_warnings,
         "capture_seconds": rt.capture_seconds,
+        "compile_seconds": rt.compile_seconds,  # included in capture_seconds
         "captured_buckets": [b.size for b in rt.buckets if b.status == "captured"],
         "graph_calls": graph_calls,
         "eager_calls": rt.eager_calls,

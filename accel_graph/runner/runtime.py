@@ -46,7 +46,9 @@ class Bucket:
     verified: bool = False  # a replay of it was compared with eager
     checks: int = 0  # replays compared with eager and found equal
     out_leaves: list[torch.Tensor] = field(default_factory=list)  # static outputs, flattened
-    capture_ms: float | None = None
+    capture_ms: float | None = None  # capture wall time, compile_ms included
+    compile_ms: float | None = None  # of capture_ms, compiling (compile="inductor"); else None
+    compile_cache: str | None = None  # "hit" | "miss" | "fallback" (compiled); else None
     incremental_bytes: int | None = None  # what the graph added to the shared pool
     standalone_bytes: int | None = None  # what it would need in a pool of its own
     pool_after_bytes: int | None = None  # the pool's reserved bytes after its capture
@@ -170,6 +172,8 @@ class RunnerRuntime:
     eager_sizes: Counter[int] = field(default_factory=Counter)
     #: Seconds spent capturing (warm-up and capture of every bucket captured so far).
     capture_seconds: float = 0.0
+    #: Of ``capture_seconds``, seconds spent compiling (``compile="inductor"``).
+    compile_seconds: float = 0.0
 
     def __post_init__(self) -> None:
         if self.compile_options is not None:  # bad keys or values fail here, not at capture

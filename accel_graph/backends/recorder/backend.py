@@ -97,6 +97,11 @@ class RecorderGraphImpl(GraphImpl):
         """Ops replay runs (views and ``torch.empty`` run nothing): 0 means an empty graph."""
         return self.num_ops
 
+    def compile_info(self) -> dict[str, Any] | None:
+        """A copy of the compile report of ``compile="inductor"`` (``compiled.compile_program``'s
+        info, or ``{"backend", "fallback"}``), None until instantiated or when not compiled."""
+        return None if self._compiled is None else dict(self._compiled)
+
     def standalone_bytes(self) -> int:
         """Peak reserved bytes of this capture's own allocation sequence on an empty pool."""
         if self._standalone is None:

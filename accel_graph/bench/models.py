@@ -1,0 +1,416 @@
+"""The model benchmark behind ``accel-graph bench --models``: five ways to run a step, per model.
+
+For every workload (a model at one batch size: the bundled decoder's decode step at batch 1 and
+8, the bundled :class:`~accel_graph.models.resnet.ResNet` forward at batch 1 and 4) and in one
+process, on ``threads`` torch threads (1 by default):
+
+- ``eager``: the step under ``torch.inference_mode()``, the baseline;
+- ``replay``: the step captured once into ``Graph(device="cpu")`` (interpreted replay), timed
+  as ``g.replay()`` on static inputs;
+- ``replay_compiled``: the same with ``Graph(compile="inductor")``;
+- ``compile``: ``torch.compile(step, fullgraph=True, dynamic=False)`` (default mode);
+- ``compile_max_autotune``: the same with ``mode="max-autotune-no-cudagraphs"``.
+
+A workload's variants are timed interleaved (:func:`~accel_graph.bench.timing.interleaved_samples`:
+rounds of ``calls_per_round`` calls per variant, order shuffled per round), medians and
+percentiles per call, never means. The number of rounds is the smaller of ``iters`` and what fits
+``seconds`` per workload, from one probe call of each variant. Compile and capture costs are
+reported separately and never counted in the per-call numbers. Every output is compared with
+eager's within the per-dtype tolerance of :mod:`accel_graph.tolerances` (interpreted replay
+must also be bitwise equal) after timing. A variant that cannot be built is a row with a
+``status`` and ``reason`` and no numbers; nothing is estimated. Schema: ``docs/benchmarks.md``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from time import perf_counter
+from typing import Any
+
+import torch
+
+from ..errors import BackendUnavailable
+from ..models import DecoderConfig, ResNet, ResNetConfig
+from ..tolerances import tolerance_for
+from .decode import prepare_decoder
+from .timing import hardware_info, interleaved_samples, load_avg, summarize_ns
+
+__all__ = [
+    "MODEL_VARIANTS",
+    "MODELS_SCHEMA",
+    "ModelBenchSettings",
+    "format_models_report",
+    "run_models_bench",
+]
+
+#: The report's schema name; the version changes when a key changes meaning or disappears.
+MODELS_SCHEMA = "accel_graph.bench.models/1"
+MODEL_VARIANTS = ("eager", "replay", "replay_compiled", "compile", "compile_max_autotune")
+_COMPILE_MODES = {"compile": "default", "compile_max_autotune": "max-autotune-no-cudagraphs"}
+_UNAVAILABLE = (BackendUnavailable, ImportError, NotImplementedError)
+
+
+@dataclass(frozen=True)
+class ModelBenchSettings:
+    """What to run. ``models`` from ``("decoder", "resnet")``; per workload at most ``iters``
+    timed calls per variant (whole rounds of ``calls_per_round``), fewer when ``seconds`` of
+    timed calls per workload would be exceeded; ``warmup`` untimed calls per variant first.
+    ``compile=False`` skips the three compiled variants, ``autotune=False`` only max-autotune."""
+
+    models: tuple[str, ...] = ("decoder", "resnet")
+    decoder_batches: tuple[int, ...] = (1, 8)
+    resnet_batches: tuple[int, ...] = (1, 4)
+    iters: int = 300
+    seconds: float = 8.0
+    warmup: int = 5
+    calls_per_round: int = 5
+    threads: int = 1
+    compile: bool = True
+    autotune: bool = True
+    prompt_len: int = 16
+    decoder: DecoderConfig = field(default_factory=DecoderConfig)
+    resnet: ResNetConfig = field(default_factory=ResNetConfig)
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first bad setting."""
+        unknown = set(self.models) - {"decoder", "resnet"}
+        if not self.models or unknown:
+            raise ValueError(f"models must be from decoder, resnet; got {list(self.models)}")
+        for name, batches, top in (("decoder_batches", self.decoder_batches, self.decoder.max_batch),
+                                   ("resnet_batches", self.resnet_batches, None)):
+            if not batches or len(set(batches)) != len(batches):
+                raise ValueError(f"{name} must be non-empty without repeats, got {list(batches)}")
+            if any(b < 1 or (top is not None and b > top) for b in batches):
+                raise ValueError(f"{name} {list(batches)}: each must be in 1..{top or 'any'}")
+        for name in ("iters", "calls_per_round", "threads", "prompt_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.warmup < 0 or not self.seconds > 0:
+            raise ValueError(f"warmup must be >= 0 and seconds > 0, got {self.warmup}, {self.seconds}")
+        if self.prompt_len + self.decoder.max_batch > self.decoder.max_seq:
+            raise ValueError(f"prompt_len {self.prompt_len} leaves no room in max_seq")
+
+
+@dataclass
+class _Workload:
+    """One model at one batch size: ``target(*args)`` is the step, ``ref`` eager's output."""
+
+    model: str
+    batch: int
+    target: Callable[..., torch.Tensor]
+    args: tuple[torch.Tensor, ...]
+    ref: torch.Tensor
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
+
+
+def _compare(out: torch.Tensor, ref: torch.Tensor) -> tuple[float, bool, bool]:
+    """``(max |out - ref|, within the dtype's tolerance, bitwise equal)``."""
+    tol = tolerance_for(ref.dtype)
+    diff = float((out.double() - ref.double()).abs().max()) if out.numel() else 0.0
+    close = out.shape == ref.shape and bool(torch.allclose(out, ref, rtol=tol.rtol, atol=tol.atol))
+    return diff, close, bool(torch.equal(out, ref))
+
+
+def _fxgraph_counters() -> dict[str, int]:
+    try:
+        from torch._dynamo.utils import counters
+
+        return {k: int(v) for k, v in counters["inductor"].items() if k.startswith("fxgraph_cache")}
+    except Exception:  # private API: report nothing rather than fail
+        return {}
+
+
+def _counter_delta(before: dict[str, int]) -> dict[str, int] | None:
+    after = _fxgraph_counters()
+    return {k: after[k] - before.get(k, 0) for k in after} or None
+
+
+def _replay_mode(g: Any) -> Any:
+    """``Graph.replay_mode()`` where this version has it (feature-detected), else None."""
+    fn = getattr(g, "replay_mode", None)
+    if not callable(fn):
+        return None
+    try:
+        mode = fn()
+    except Exception as exc:  # introspection must not break the benchmark
+        return f"unknown ({_reason(exc)})"
+    return mode if isinstance(mode, (str, dict, type(None))) else str(mode)
+
+
+def _setup_replay(w: _Workload, compile: str | None, row: dict[str, Any]) -> Callable[[], object] | None:
+    """Capture the step (compiled at instantiation with ``compile``); fill ``row``'s setup keys.
+    Returns the timed callable (``g.replay``), or None with ``row`` saying why."""
+    from ..frontend import Graph, graph
+
+    before = _fxgraph_counters()
+    try:
+        w.target(*w.args)  # eager warm-up, as before a CUDA capture
+        g = Graph(device="cpu", compile=compile)
+        t0 = perf_counter()
+        with graph(g):
+            out = w.target(*w.args)
+        row["capture_s"] = perf_counter() - t0
+        g.replay()
+    except _UNAVAILABLE as exc:
+        row.update(status="unavailable", reason=_reason(exc))
+        return None
+    except Exception as exc:  # one broken variant must not take the others down
+        row.update(status="failed", reason=_reason(exc))
+        return None
+    info_fn = getattr(g, "compile_info", None)
+    info = info_fn() if callable(info_fn) else None
+    if info:
+        row["compile_s"] = info.get("compile_s")
+        row["compile_cache"] = info.get("cache")
+        if info.get("fallback"):
+            row["note"] = f"compile fell back to interpreted replay: {info['fallback']}"
+    if compile is not None:
+        row["fxgraph_cache"] = _counter_delta(before)
+    row["replay_mode"] = _replay_mode(g)
+    row["_read"], row["_keep"] = (lambda: out), g
+    return g.replay
+
+
+def _setup_compile(w: _Workload, mode: str, row: dict[str, Any]) -> Callable[[], object] | None:
+    """``torch.compile`` the step in ``mode`` and run it once (the compile, timed)."""
+    before = _fxgraph_counters()
+    try:
+        fn = torch.compile(w.target, fullgraph=True, dynamic=False, mode=mode)
+        t0 = perf_counter()
+        fn(*w.args)
+        row["compile_s"] = perf_counter() - t0
+    except Exception as exc:  # no compiler, an unsupported op, ...: say why and carry on
+        row.update(status="failed", reason=_reason(exc))
+        return None
+    row["fxgraph_cache"] = _counter_delta(before)
+    last: list[torch.Tensor] = []
+
+    def call() -> None:
+        last[:] = [fn(*w.args)]
+
+    call()
+    row["_read"] = lambda: last[0]
+    return call
+
+
+def _warm_inductor() -> dict[str, Any]:
+    """Pay Inductor's once-per-process costs (its imports, torch's source hash, the vector-ISA
+    probe build, compiler probes) on a tiny function before any measured compile, so each
+    variant's ``compile_s`` is its own and not the first variant's alone."""
+    t0 = perf_counter()
+    try:
+        fn = torch.compile(lambda x: x * 2 + 1, fullgraph=True, dynamic=False)
+        fn(torch.ones(8))
+    except Exception as exc:  # the compiled variants will say why in their rows
+        return {"status": "failed", "reason": _reason(exc), "seconds": perf_counter() - t0}
+    return {"status": "ok", "reason": None, "seconds": perf_counter() - t0}
+
+
+def _row(w: _Workload, variant: str) -> dict[str, Any]:
+    return {
+        "model": w.model, "batch": w.batch, "variant": variant, "status": "ok", "reason": None,
+        "median_us": None, "p10_us": None, "p90_us": None, "samples": 0,
+        "ratio_vs_eager": None, "ratio_vs_torch_compile": None,
+        "capture_s": None, "compile_s": None, "compile_cache": None, "fxgraph_cache": None,
+        "replay_mode": None, "max_abs_diff_vs_eager": None, "matches_eager": None,
+        "bitwise_equal_to_eager": None, "note": None,
+    }
+
+
+def _bench_workload(w: _Workload, s: ModelBenchSettings) -> tuple[list[dict[str, Any]], int]:
+    """Set up, time (interleaved) and check every variant of one workload. Returns the rows
+    (in :data:`MODEL_VARIANTS` order) and the rounds timed."""
+    rows = {v: _row(w, v) for v in MODEL_VARIANTS}
+    fns: dict[str, Callable[[], object]] = {}
+    last: list[torch.Tensor] = []
+
+    def eager() -> None:
+        last[:] = [w.target(*w.args)]
+
+    fns["eager"] = eager
+    rows["eager"]["_read"] = lambda: last[0]
+    for variant in MODEL_VARIANTS[1:]:
+        row = rows[variant]
+        if variant != "replay" and not s.compile:
+            row.update(status="skipped", reason="--no-compile")
+            continue
+        if variant == "compile_max_autotune" and not s.autotune:
+            row.update(status="skipped", reason="--no-autotune")
+            continue
+        if variant.startswith("replay"):
+            fn = _setup_replay(w, "inductor" if variant == "replay_compiled" else None, row)
+        else:
+            fn = _setup_compile(w, _COMPILE_MODES[variant], row)
+        if fn is not None:
+            fns[variant] = fn
+
+    # Rounds: at most ``iters`` calls per variant, and what fits ``seconds`` by one probe each.
+    per_round = min(s.calls_per_round, s.iters)
+    probe = 0.0
+    for fn in fns.values():
+        fn()
+        t0 = perf_counter()
+        fn()
+        probe += perf_counter() - t0
+    by_time = int(s.seconds / max(probe * per_round, 1e-9))
+    rounds = max(1, min(math.ceil(s.iters / per_round), by_time))
+    samples = interleaved_samples(fns, rounds=rounds, calls_per_round=per_round, warmup=s.warmup)
+
+    for variant, fn in fns.items():
+        row = rows[variant]
+        row.update(summarize_ns(samples[variant]))
+        fn()  # outputs compared after thousands of interleaved calls on shared state
+        diff, close, bitwise = _compare(row["_read"](), w.ref)
+        row.update(max_abs_diff_vs_eager=diff, matches_eager=close, bitwise_equal_to_eager=bitwise)
+        if variant == "replay" and not bitwise:  # interpreted replay runs eager's kernels
+            row["matches_eager"] = False
+    eager_us, compile_us = rows["eager"]["median_us"], rows["compile"]["median_us"]
+    for row in rows.values():
+        row.pop("_read", None)
+        row.pop("_keep", None)
+        if row["median_us"] is not None:
+            row["ratio_vs_eager"] = row["median_us"] / eager_us if eager_us else None
+            row["ratio_vs_torch_compile"] = row["median_us"] / compile_us if compile_us else None
+    return [rows[v] for v in MODEL_VARIANTS], rounds
+
+
+def _workloads(s: ModelBenchSettings) -> list[tuple[str, dict[str, Any], Callable[[], list[_Workload]]]]:
+    """Per model: its name, its description for the report, and a builder of its workloads
+    (built lazily, one model at a time, so only one model's state is alive while timing)."""
+    out: list[tuple[str, dict[str, Any], Callable[[], list[_Workload]]]] = []
+    if "decoder" in s.models:
+        def decoder() -> list[_Workload]:
+            model, tokens, pos = prepare_decoder(s.decoder, s.prompt_len)
+            ws = []
+            for b in s.decoder_batches:
+                args = (tokens[:b].clone(), pos[:b].clone())
+                ws.append(_Workload("decoder", b, model.decode_step, args, model.decode_step(*args).clone()))
+            return ws
+
+        desc = {"name": "accel_graph.models.Decoder", "step": "decode_step", **s.decoder.as_dict()}
+        out.append(("decoder", desc, decoder))
+    if "resnet" in s.models:
+        def resnet() -> list[_Workload]:
+            model = ResNet(s.resnet)
+            ws = []
+            for b in s.resnet_batches:
+                x = model.example_input(b)
+                ws.append(_Workload("resnet", b, model, (x,), model(x).clone()))
+            return ws
+
+        desc = {"name": "accel_graph.models.ResNet", "step": "forward", **s.resnet.as_dict(),
+                "parameters": ResNet(s.resnet).num_parameters()}
+        out.append(("resnet", desc, resnet))
+    return out
+
+
+def run_models_bench(settings: ModelBenchSettings | None = None) -> dict[str, Any]:
+    """Run the model benchmark and return its JSON-ready report (``docs/benchmarks.md``).
+
+    Sets torch's intra-op threads to ``settings.threads`` for the run and restores them after.
+    Everything runs under ``torch.inference_mode()``, eager included.
+    """
+    s = settings or ModelBenchSettings()
+    s.validate()
+    prev = torch.get_num_threads()
+    torch.set_num_threads(s.threads)
+    start, t0 = load_avg(), perf_counter()
+    rows: list[dict[str, Any]] = []
+    models: dict[str, Any] = {}
+    rounds: dict[str, int] = {}
+    warmup: dict[str, Any] | None = None
+    try:
+        with torch.inference_mode():
+            if s.compile:
+                warmup = _warm_inductor()
+            for name, desc, build in _workloads(s):
+                models[name] = desc
+                for w in build():
+                    w_rows, rounds[f"{w.model}@{w.batch}"] = _bench_workload(w, s)
+                    rows.extend(w_rows)
+    finally:
+        torch.set_num_threads(prev)
+    return {
+        "schema": MODELS_SCHEMA,
+        "tool": "accel-graph bench --models",
+        "created_utc": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "hardware": hardware_info() | {"threads": s.threads},
+        "load_avg": {"start": start, "end": load_avg()},
+        "wall_s": perf_counter() - t0,
+        "settings": {
+            "models": list(s.models), "decoder_batches": list(s.decoder_batches),
+            "resnet_batches": list(s.resnet_batches), "iters": s.iters, "seconds": s.seconds,
+            "warmup": s.warmup, "calls_per_round": s.calls_per_round, "threads": s.threads,
+            "compile": s.compile, "autotune": s.autotune, "prompt_len": s.prompt_len,
+            "cold_cache": False, "rounds": rounds,
+        },
+        "inductor_warmup": warmup,
+        "models": models,
+        "variants": {v: _variant_doc(v) for v in MODEL_VARIANTS},
+        "rows": rows,
+    }
+
+
+def _variant_doc(variant: str) -> str:
+    return {
+        "eager": "the step under torch.inference_mode() (baseline)",
+        "replay": "Graph(device='cpu') capture, timed g.replay() (interpreted)",
+        "replay_compiled": "Graph(device='cpu', compile='inductor') capture, timed g.replay()",
+        "compile": "torch.compile(step, fullgraph=True, dynamic=False)",
+        "compile_max_autotune": "torch.compile(..., mode='max-autotune-no-cudagraphs')",
+    }[variant]
+
+
+def _num(value: Any, fmt: str) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"
+    return format(value, fmt)
+
+
+def format_models_report(report: dict[str, Any]) -> str:
+    """The human-readable table of a :func:`run_models_bench` report."""
+    hw, st, load = report["hardware"], report["settings"], report["load_avg"]
+    load_s = (f"{load['start'][0]:.2f} -> {load['end'][0]:.2f}"
+              if load.get("start") and load.get("end") else "-")
+    lines = [
+        "accel-graph bench --models: eager (inference_mode) vs replay vs compiled replay vs torch.compile",
+        f"cpu: {hw['cpu']} | nproc {hw['nproc']} | torch {hw['torch']} | threads {st['threads']} | "
+        f"load avg {load_s} | wall {report['wall_s']:.0f} s",
+        "",
+        f"{'model':<8} {'batch':>5} {'variant':<21} {'median us':>10} {'p10':>9} {'p90':>9} "
+        f"{'x eager':>7} {'x compile':>9} {'compile s':>9} {'match':>5}  note",
+    ]
+    for r in report["rows"]:
+        note = r["note"] or ""
+        if r["status"] != "ok":
+            note = f"{r['status']}: {r['reason']}"
+        elif r["replay_mode"] is not None:
+            note = f"replay_mode {r['replay_mode']} {note}".strip()
+        if r["compile_cache"] == "hit":
+            note = f"(compile cache hit) {note}".strip()
+        fx = r.get("fxgraph_cache") or {}
+        if fx.get("fxgraph_cache_hit") or fx.get("fxgraph_cache_miss"):
+            note = (f"FX cache {fx.get('fxgraph_cache_hit', 0)} hit/"
+                    f"{fx.get('fxgraph_cache_miss', 0)} miss {note}").strip()
+        match = "-" if r["matches_eager"] is None else ("yes" if r["matches_eager"] else "NO")
+        lines.append(
+            f"{r['model']:<8} {r['batch']:>5} {r['variant']:<21} {_num(r['median_us'], '.1f'):>10} "
+            f"{_num(r['p10_us'], '.1f'):>9} {_num(r['p90_us'], '.1f'):>9} "
+            f"{_num(r['ratio_vs_eager'], '.3f'):>7} {_num(r['ratio_vs_torch_compile'], '.3f'):>9} "
+            f"{_num(r['compile_s'], '.1f'):>9} {match:>5}  {note}"
+        )
+    warm = report.get("inductor_warmup")
+    if warm:
+        lines += ["", f"Inductor warm-up (once-per-process costs, before the compiles above): "
+                  f"{warm['seconds']:.1f} s" + (f", {warm['reason']}" if warm["reason"] else "")]
+    rounds = ", ".join(f"{k} {v}" for k, v in st["rounds"].items())
+    lines += ["", f"rounds of {st['calls_per_round']} calls per variant: {rounds}; "
+              "x compile = median / torch.compile (default) median; compile s not counted above"]
+    return "\n".join(lines) + "\n"
