@@ -36,6 +36,11 @@ def test_compile_options_reach_every_bucket_graph() -> None:
     with pytest.raises(ConfigError, match="accepted"):  # checked at construction
         GraphRunner(fn, torch.zeros(1, 8), buckets=[2], compile="inductor",
                     compile_options={"replay": "interpreted", "nope": 1})
+    with pytest.raises(ConfigError, match="compiled replay only"):  # as Graph(...): not lazily
+        GraphRunner(fn, torch.zeros(1, 8), buckets=[2], capture="lazy",
+                    compile_options={"replay": "compiled"})
+    with pytest.raises(ConfigError, match="unknown compile"):
+        GraphRunner(fn, torch.zeros(1, 8), buckets=[2], capture="lazy", compile="inductr")
     r = GraphRunner(fn, torch.zeros(1, 8), buckets=[1, 2], compile="inductor",
                     compile_options={"replay": "interpreted"}, progress=False).capture()
     modes = [b.graph.replay_mode() for b in r.runtime.buckets]

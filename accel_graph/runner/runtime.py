@@ -176,7 +176,17 @@ class RunnerRuntime:
     compile_seconds: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.compile_options is not None:  # bad keys or values fail here, not at capture
+        from .. import config
+
+        # Bad compile=/compile_options fail here, not at the first (lazy) capture; the same
+        # checks and messages as Graph(...), which resolves compile=None the same way.
+        compile = self.compile if self.compile is not None else config.default_compile()
+        if compile not in (None, "inductor"):
+            raise ConfigError(f"unknown compile={compile!r}; use None (replay as captured) or 'inductor'")
+        if self.compile_options is not None:
+            if compile is None:
+                raise ConfigError(
+                    "compile_options apply to compiled replay only; pass compile='inductor' too")
             from ..compile_options import parse_compile_options
 
             parse_compile_options(self.compile_options)
