@@ -23,6 +23,7 @@ must also be bitwise equal) after timing. A variant that cannot be built is a ro
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -141,6 +142,8 @@ def _replay_mode(g: Any) -> Any:
         mode = fn()
     except Exception as exc:  # introspection must not break the benchmark
         return f"unknown ({_reason(exc)})"
+    if dataclasses.is_dataclass(mode) and not isinstance(mode, type):
+        return dataclasses.asdict(mode)  # JSON-ready: mode, reason, medians, where decided
     return mode if isinstance(mode, (str, dict, type(None))) else str(mode)
 
 
@@ -268,6 +271,8 @@ def _bench_workload(w: _Workload, s: ModelBenchSettings) -> tuple[list[dict[str,
         row.update(summarize_ns(samples[variant]))
         fn()  # outputs compared after thousands of interleaved calls on shared state
         diff, close, bitwise = _compare(row["_read"](), w.ref)
+        if "_keep" in row:  # after the timed calls: replay="auto" may decide on real replays
+            row["replay_mode"] = _replay_mode(row["_keep"])
         row.update(max_abs_diff_vs_eager=diff, matches_eager=close, bitwise_equal_to_eager=bitwise)
         if variant == "replay" and not bitwise:  # interpreted replay runs eager's kernels
             row["matches_eager"] = False
@@ -391,6 +396,10 @@ def format_models_report(report: dict[str, Any]) -> str:
         note = r["note"] or ""
         if r["status"] != "ok":
             note = f"{r['status']}: {r['reason']}"
+        elif isinstance(r["replay_mode"], dict):
+            m = r["replay_mode"]
+            where = f", decided at {m['decided_at']}" if m.get("decided_at") else ""
+            note = f"ran {m.get('mode')}{where} {note}".strip()
         elif r["replay_mode"] is not None:
             note = f"replay_mode {r['replay_mode']} {note}".strip()
         if r["compile_cache"] == "hit":

@@ -39,7 +39,7 @@ import torch.fx as fx
 
 from . import collectives, compile_settings
 from .capture import InputRecord, Step
-from .freezing import FrozenConstants, constants_key
+from .freezing import FrozenConstants
 from .pool_protocol import GraphPool, PoolRef, refs_overlap
 from .pytree import tree_map
 
@@ -86,6 +86,12 @@ def _extent(ref: PoolRef) -> int:
     return (sum((n - 1) * st for n, st in zip(ref.shape, ref.stride, strict=True)) + 1) * ref.dtype.itemsize
 
 
+def _same_elements_key(t: torch.Tensor) -> tuple:
+    """Equal for two tensors that address exactly the same elements the same way."""
+    return ("elements", t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(),
+            t.dtype, t.device, t.is_conj(), t.is_neg(), t.requires_grad)
+
+
 class CompileUnsupported(Exception):
     """The program has a shape the FX translation does not handle (falls back, logged)."""
 
@@ -116,13 +122,20 @@ def build_fx(steps: list[Step], outputs: list[PoolRef], frozen: FrozenConstants 
 
     def external(t: torch.Tensor) -> fx.Node:
         node = ext_nodes.get(id(t))
+        if node is None:
+            # Two tensor objects over the very same elements (two equal views kept alive) are
+            # one placeholder: as two, AOT autograd did not order a read of one after an
+            # in-place write through the other (compiled replay read the written value).
+            node = ext_nodes.get(_same_elements_key(t))
+            if node is not None:
+                ext_nodes[id(t)] = node
         if node is None and frozen is not None:
             name = frozen.add(t)
             if name is not None:
                 node = ext_nodes[id(t)] = graph.get_attr(name)
         if node is None:
             node = graph.placeholder(f"in{len(ext_tensors)}")
-            ext_nodes[id(t)] = node
+            ext_nodes[id(t)] = ext_nodes[_same_elements_key(t)] = node
             placeholders.append(node)
             ext_tensors.append(t)
         return node
@@ -350,9 +363,10 @@ def _compiled_module(graph: fx.Graph, example: list[torch.Tensor], frozen: Froze
 
     key, keep = program_key(graph, example)
     consts = frozen.tensors if frozen is not None else {}
-    if consts:  # the constants' identity and version: old values are never reused
-        key = (key, constants_key(consts))
-        keep.extend(consts.values())
+    # Programs with frozen constants are never shared: their values are part of the module, and
+    # no cheap key sees every update (``p.data.mul_()`` leaves the version counter alone, so a
+    # key of identity and version reused the old weights: 1.47 off after such an update).
+    shared = not consts
     if cpp_wrapper:
         key = (key, "cpp_wrapper")
 
@@ -361,7 +375,7 @@ def _compiled_module(graph: fx.Graph, example: list[torch.Tensor], frozen: Froze
         return fx.GraphModule(frozen.module() if consts else torch.nn.Module(), graph)
 
     with _COMPILE_LOCK:
-        entry = _MODULES.get(key)
+        entry = _MODULES.get(key) if shared else None
         if entry is not None:
             _MODULES.move_to_end(key)
             _COUNTS["hits"] += 1
@@ -384,6 +398,8 @@ def _compiled_module(graph: fx.Graph, example: list[torch.Tensor], frozen: Froze
                     compiled = compile_fx(module(), example)
                 attempt = "retried without the static-shape tracing context"
         _COUNTS["compiles"] += 1
+        if not shared:
+            return compiled, False, attempt
         _MODULES[key] = (compiled, keep, attempt)
         while len(_MODULES) > COMPILE_CACHE_SIZE:
             _MODULES.popitem(last=False)

@@ -14,14 +14,13 @@ cannot tell a buffer from an input, and inputs are rewritten between replays), p
 program updates (an optimizer step), and any tensor sharing storage with a written one. To freeze
 a buffer, register it as ``nn.Parameter(t, requires_grad=False)``.
 
-A frozen module is shared by identical programs only while the frozen tensors are the same
-objects at the same version (:func:`constants_key`): a parameter updated in place between two
-captures gives the second capture its own compilation with the new values.
+A program with frozen constants is never shared through the compile cache: every capture
+compiles with the values its parameters have then. (A key of identity and version is not
+enough: ``p.data.mul_()`` updates values without bumping the version counter.)
 """
 
 from __future__ import annotations
 
-import itertools
 from typing import Any
 
 import torch
@@ -29,12 +28,10 @@ import torch
 from .capture import Step
 from .pytree import tree_flatten
 
-__all__ = ["FrozenConstants", "written_storages", "constants_key"]
+__all__ = ["FrozenConstants", "written_storages"]
 
 #: Step kinds whose ``extra`` is ``(predicate, sub-program, ...)`` (control_flow.py).
 _CONTROL_KINDS = ("cond", "while")
-# Distinct keys for tensors without a version counter (inference tensors): never shared.
-_UNVERSIONED = itertools.count()
 
 
 def _storage_id(t: torch.Tensor) -> tuple[Any, int]:
@@ -118,17 +115,3 @@ class FrozenConstants:
             # the graph's parameters and Inductor's freezing folds them, leaving them unchanged.
             setattr(root, name, t)
         return root
-
-
-def constants_key(tensors: dict[str, torch.Tensor]) -> tuple:
-    """Part of the compile-cache key for frozen constants: each tensor's identity, version and
-    layout, so a module compiled with old values is never reused after an in-place update."""
-    out = []
-    for name, t in tensors.items():
-        try:
-            version: Any = t._version
-        except RuntimeError:  # inference tensors have no version counter: never shared
-            version = ("unversioned", next(_UNVERSIONED))
-        out.append((name, id(t), version, t.dtype, t.device, tuple(t.shape), t.stride(),
-                    t.storage_offset(), t.untyped_storage().data_ptr()))
-    return tuple(out)
