@@ -46,7 +46,11 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 
 from .. import config
 from ..errors import AccelGraphError, CaptureError
+from .control_flow_checks import same_meta
 from .native_cf_support import RECORDER_HINT, ControlFlowSupport, torch_module
+
+#: What a shape or dtype mismatch would do to a conditional node (said in the error).
+_NODE_COPY = " (a conditional node would copy one into the other, broadcasting or casting silently)"
 
 __all__ = ["ControlFlowMode", "end", "start", "stop", "warmup"]
 
@@ -67,19 +71,6 @@ def _tensor_leaves(out: Any, what: str) -> tuple[list[torch.Tensor], Any]:
         raise CaptureError(f"{what} returned {bad[0]}; inside a native capture its outputs must "
                            f"be tensors")
     return leaves, spec
-
-
-def _same_meta(a: list[torch.Tensor], b: list[torch.Tensor], what: str) -> None:
-    if len(a) != len(b):
-        raise CaptureError(f"{what}: {len(a)} outputs against {len(b)}; they must match")
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x.shape != y.shape or x.dtype != y.dtype or x.device != y.device:
-            raise CaptureError(
-                f"{what}: output {i} is {x.dtype}{list(x.shape)} on {x.device} against "
-                f"{y.dtype}{list(y.shape)} on {y.device}; torch.cond and torch.while_loop require "
-                f"the same shape, dtype and device (a conditional node would copy one into the "
-                f"other, broadcasting or casting silently)"
-            )
 
 
 def _predicate(pred: Any, what: str) -> torch.Tensor:
@@ -214,7 +205,7 @@ def _cond(mode: ControlFlowMode, func: HigherOrderOperator, args: tuple, kwargs:
         if spec and out_spec != spec[0]:
             raise CaptureError(f"torch.cond's branches return different structures: {spec[0]} "
                                f"against {out_spec}")
-        _same_meta(first, leaves, "torch.cond's branches")
+        same_meta(first, leaves, "torch.cond's branches", _NODE_COPY)
         return out
 
     api = torch_module()
@@ -239,7 +230,7 @@ def _while(mode: ControlFlowMode, func: HigherOrderOperator, args: tuple, kwargs
 
     def body(*ops: Any) -> tuple[torch.Tensor, ...]:
         new, _ = _tensor_leaves(body_fn(*ops), "torch.while_loop's body_fn")
-        _same_meta(list(ops[:n]), new, "torch.while_loop's carried values and body_fn's results")
+        same_meta(list(ops[:n]), new, "torch.while_loop's carried values and body_fn's results", _NODE_COPY)
         # torch copies the results into the carries one by one: a result that is a carry (or a
         # view of one: returned as is, swapped) is read before it is overwritten.
         state = {_key(t) for t in ops[:n]}

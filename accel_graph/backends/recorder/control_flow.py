@@ -34,6 +34,7 @@ import torch
 from torch._ops import HigherOrderOperator
 
 from ...errors import CaptureError
+from ..control_flow_checks import same_meta
 from .pytree import tree_flatten, tree_map
 
 if TYPE_CHECKING:
@@ -147,18 +148,6 @@ def _tensors(out: Any, what: str) -> list[torch.Tensor]:
     return leaves
 
 
-def _same_meta(a: list[torch.Tensor], b: list[torch.Tensor], what: str) -> None:
-    if len(a) != len(b):
-        raise CaptureError(f"{what}: {len(a)} outputs then {len(b)}; both must return the same number")
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x.shape != y.shape or x.dtype != y.dtype or x.device != y.device:
-            raise CaptureError(
-                f"{what}: output {i} is {x.dtype}{list(x.shape)} on {x.device} in one and "
-                f"{y.dtype}{list(y.shape)} on {y.device} in the other; torch.cond and "
-                f"torch.while_loop require the same shape, dtype and device"
-            )
-
-
 def _record_sub(cap: Capture, fn: Any, operands: tuple) -> tuple[list, Any]:
     """Record ``fn(*operands)`` into a new step list; returns (steps, result)."""
     outer = cap.steps
@@ -222,7 +211,7 @@ def _record_cond(cap: Capture, pred: Any, true_fn: Any, false_fn: Any, operands:
                 common.extend(_fresh_like(cap, t) for t in leaves)
                 firsts.extend(leaves)
             else:
-                _same_meta(firsts, leaves, "torch.cond's branches")
+                same_meta(firsts, leaves, "torch.cond's branches")
             for dst, src in zip(common, leaves):
                 dst.copy_(src)  # recorded: the branch's last steps
             return out
@@ -254,7 +243,7 @@ def _record_while(cap: Capture, cond_fn: Any, body_fn: Any, carried: Any,
 
     def body(*ops: Any) -> Any:
         new = _tensors(body_fn(*ops), "torch.while_loop's body_fn")
-        _same_meta(buffers, new, "torch.while_loop's carried values and body_fn's results")
+        same_meta(buffers, new, "torch.while_loop's carried values and body_fn's results")
         # Double buffering: a result over a carry buffer (returned as is, swapped, a view) is
         # copied out before any buffer is overwritten.
         staged = [n.clone() if n.untyped_storage()._cdata in held else n for n in new]
