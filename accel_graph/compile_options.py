@@ -12,9 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from . import config
 from .errors import ConfigError
 
-__all__ = ["REPLAY_CHOICES", "CompileOptions", "parse_compile_options"]
+__all__ = ["REPLAY_CHOICES", "CompileOptions", "parse_compile_options", "resolve_compile"]
 
 #: ``replay``: ``"auto"`` times the compiled and the interpreted program and keeps the faster
 #: (at instantiation where extra runs cannot be observed, else on the first real replays; see
@@ -79,3 +80,20 @@ def parse_compile_options(value: Mapping[str, Any] | CompileOptions | None,
             raise ConfigError(f"compile_options[{name!r}] must be True or False, not {flag!r}")
         flags[name] = flag
     return CompileOptions(replay=replay, **flags)
+
+
+def resolve_compile(compile: str | None,
+                    compile_options: Mapping[str, Any] | CompileOptions | None
+                    ) -> tuple[str | None, CompileOptions | None]:
+    """``compile=`` and ``compile_options=`` as a Graph (or every Graph of a runner) uses them:
+    ``compile=None`` takes ``ACCEL_GRAPH_COMPILE``, options need ``compile="inductor"`` and take
+    ``ACCEL_GRAPH_COMPILE_REPLAY`` as the default ``replay``. Raises :class:`ConfigError`."""
+    if compile is None:
+        compile = config.default_compile()
+    if compile not in (None, "inductor"):
+        raise ConfigError(f"unknown compile={compile!r}; use None (replay as captured) or 'inductor'")
+    if compile is None:
+        if compile_options is not None:
+            raise ConfigError("compile_options apply to compiled replay only; pass compile='inductor' too")
+        return None, None
+    return compile, parse_compile_options(compile_options, default_replay=config.default_compile_replay())

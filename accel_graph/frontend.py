@@ -31,7 +31,6 @@ from typing import Any
 
 import torch
 
-from . import config
 from .backends import select_backend
 from .backends.base import (
     CAPTURE_ERROR_MODES,
@@ -41,7 +40,7 @@ from .backends.base import (
     PoolHandle,
     ReplayMode,
 )
-from .compile_options import CompileOptions, parse_compile_options
+from .compile_options import CompileOptions, resolve_compile
 from .errors import CaptureError, ConfigError, GraphStateError
 
 __all__ = [
@@ -124,17 +123,11 @@ class Graph:
         self.keep_graph = bool(keep_graph)
         self.capture_error_mode = _check_mode(capture_error_mode)
         self.graph_pool = None if pool is None else self._backend.resolve_pool(pool, self._device)
-        if compile is None:
-            compile = config.default_compile()
-        if compile not in (None, "inductor"):
-            raise ConfigError(f"unknown compile={compile!r}; use None (replay as captured) or 'inductor'")
-        if compile_options is not None and compile is None:
-            raise ConfigError("compile_options apply to compiled replay only; pass compile='inductor' too")
+        compile, opts = resolve_compile(compile, compile_options)
         self._compile = compile
         options: dict[str, Any] = {"compile": compile}
-        if compile is not None:
-            options["compile_options"] = parse_compile_options(
-                compile_options, default_replay=config.default_compile_replay())
+        if opts is not None:
+            options["compile_options"] = opts
         self._impl: GraphImpl = self._backend.new_graph(self._device, keep_graph=self.keep_graph, **options)
         self._state = EMPTY
         self._pool: PoolHandle | None = None

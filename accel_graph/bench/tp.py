@@ -96,7 +96,13 @@ def _prompts(s: TPSettings, vocab: int) -> list[torch.Tensor]:
     return [torch.randint(0, vocab, (b, s.prompt_len), generator=gen) for b in sorted(set(s.buckets))]
 
 
-def _medians(samples: dict[str, list[int]]) -> dict[str, float]:
+def _step_medians(variants: dict[str, Any], s: TPSettings) -> dict[str, float]:
+    """Median microseconds per call of each variant, timed in interleaved rounds under
+    inference mode (``s.iters`` calls each, ``s.calls_per_round`` in a row)."""
+    rounds = max(1, -(-s.iters // s.calls_per_round))
+    with torch.inference_mode():
+        samples = interleaved_samples(variants, rounds=rounds, calls_per_round=s.calls_per_round,
+                                      warmup=s.warmup, seed=s.seed)
     return {k: float(summarize_ns(v)["median_us"]) for k, v in samples.items()}
 
 
@@ -200,11 +206,7 @@ def tp_rank(rank: int, world: int, s: TPSettings) -> dict[str, Any]:
                     "allreduce_only": collectives_only,
                     "eager_compute_only": lambda: local.decode_step(tok1, pos1),
                     "replay_compute_only": lambda: local_runner(tok1, pos1)}
-        rounds = max(1, -(-s.iters // s.calls_per_round))
-        with torch.inference_mode():
-            samples = interleaved_samples(variants, rounds=rounds, calls_per_round=s.calls_per_round,
-                                          warmup=s.warmup, seed=s.seed)
-        out["step_us"] = _medians(samples)
+        out["step_us"] = _step_medians(variants, s)
     # 3. Greedy generation at batch 1, eager TP vs replay TP.
     prompt1 = torch.arange(s.prompt_len, dtype=torch.int64).unsqueeze(0)
     out["tokens_per_s"] = _generation({
@@ -234,12 +236,8 @@ def _single_reference(s: TPSettings) -> dict[str, Any]:
         pos1 = torch.tensor([s.prompt_len], dtype=torch.int64)
         out: dict[str, Any] = {}
         if s.iters:
-            rounds = max(1, -(-s.iters // s.calls_per_round))
-            with torch.inference_mode():
-                samples = interleaved_samples(
-                    {"eager": lambda: model.decode_step(tok1, pos1), "replay": lambda: runner(tok1, pos1)},
-                    rounds=rounds, calls_per_round=s.calls_per_round, warmup=s.warmup, seed=s.seed)
-            out["step_us"] = _medians(samples)
+            out["step_us"] = _step_medians(
+                {"eager": lambda: model.decode_step(tok1, pos1), "replay": lambda: runner(tok1, pos1)}, s)
         prompt1 = torch.arange(s.prompt_len, dtype=torch.int64).unsqueeze(0)
         out["tokens_per_s"] = _generation({
             "eager": lambda: greedy_generate(model, prompt1, s.new_tokens),

@@ -176,20 +176,11 @@ class RunnerRuntime:
     compile_seconds: float = 0.0
 
     def __post_init__(self) -> None:
-        from .. import config
+        from ..compile_options import resolve_compile
 
-        # Bad compile=/compile_options fail here, not at the first (lazy) capture; the same
-        # checks and messages as Graph(...), which resolves compile=None the same way.
-        compile = self.compile if self.compile is not None else config.default_compile()
-        if compile not in (None, "inductor"):
-            raise ConfigError(f"unknown compile={compile!r}; use None (replay as captured) or 'inductor'")
-        if self.compile_options is not None:
-            if compile is None:
-                raise ConfigError(
-                    "compile_options apply to compiled replay only; pass compile='inductor' too")
-            from ..compile_options import parse_compile_options
-
-            parse_compile_options(self.compile_options)
+        # Bad compile=/compile_options fail here, not at the first (lazy) capture: the same
+        # resolution and messages as Graph(...).
+        resolve_compile(self.compile, self.compile_options)
         self.max_bucket = self.ladder[-1]
         self.buckets = [Bucket(b) for b in self.ladder]
         for s in self.inputs:  # views per live batch size, so a call slices nothing
