@@ -17,6 +17,9 @@ from . import collectives
 
 aten = torch.ops.aten
 
+# torch 2.11 has no ``Tag.out`` (2.12 added it); the schema's out arguments say the same there.
+_OUT_TAG = getattr(torch.Tag, "out", None)
+
 # --------------------------------------------------------------------------------------------
 # Capture-illegal operations
 # --------------------------------------------------------------------------------------------
@@ -258,7 +261,9 @@ def find_out_overload(func: OpOverload, number_args: frozenset[str] = frozenset(
     exact, scalar = None, None
     for name in packet.overloads():
         cand = getattr(packet, name)
-        if torch.Tag.out not in cand.tags and not any(a.is_out for a in cand._schema.arguments):
+        if (_OUT_TAG is None or _OUT_TAG not in cand.tags) and not any(
+            a.is_out for a in cand._schema.arguments
+        ):
             continue
         sig = _arg_signature(cand._schema)
         if len(sig) != len(want):
