@@ -153,6 +153,11 @@ def inspect_trace(trace: Any, device: int = 0, top: int = 10) -> dict[str, Any]:
     if top < 0:
         raise ValueError("top must be >= 0")
     ev = trace.events(device)
+    if len(ev) and int(ev["addr"].max()) >= 1 << 63:
+        # the loaders refuse these (TraceFormatError); a trace built in memory may still hold
+        # one, and the layout below works in int64 (an OverflowError otherwise)
+        raise ValueError(f"device {device}: an event address of {int(ev['addr'].max()):#x} is "
+                         "at or above 2^63, which no device hands out; the trace is corrupt")
     n = len(ev)
     act = ev["action"]
     prep = prepare(trace, device)

@@ -183,6 +183,13 @@ def check_event_array(a: np.ndarray, where: str, limits: TraceLimits) -> None:
             f"{where}: event {bad[0]} has an absurd size {a['size'][bad[0]]} bytes "
             f"(limit {limits.max_bytes_value}); the trace is corrupt."
         )
+    # addresses below 2^63, as every loader's (torch_snapshot._ADDR_MAX): analyses use int64
+    bad = np.flatnonzero(a["addr"] > np.uint64((1 << 63) - 1))
+    if len(bad):
+        raise TraceFormatError(
+            f"{where}: event {bad[0]} has an absurd address {int(a['addr'][bad[0]]):#x} "
+            f"(limit 2^63 - 1; no device hands out such addresses); the trace is corrupt."
+        )
     bad = np.flatnonzero(a["frames"] < -1)
     if len(bad):
         raise TraceFormatError(f"{where}: event {bad[0]} has an invalid frames index.")
