@@ -105,7 +105,7 @@ class CapturabilityReport:
         if self.ok:
             return f"capturable: no capture-illegal operation in {self.ops_seen} ops"
         uniq = self.unique()
-        lines = [f"{len(self.findings)} capture-illegal operation(s) ({len(uniq)} distinct)"
+        lines = [_summary(self.findings) + f" ({len(uniq)} distinct)"
                  + (f" for target {self.target}" if self.target else "") + ":"]
         lines += [f"  {f}" for f in uniq]
         return "\n".join(lines)
@@ -116,6 +116,21 @@ class CapturabilityReport:
 
     def __str__(self) -> str:
         return self.format()
+
+
+def _summary(findings: list[Finding]) -> str:
+    """The count line's words: baked values are named as such, not as illegal operations.
+
+    A baked value is a legal op whose Python argument a graph would freeze; calling it a
+    "capture-illegal operation" sent readers looking for an op to remove (issue 29).
+    """
+    baked = sum(f.level == "baked" for f in findings)
+    parts = []
+    if len(findings) - baked:
+        parts.append(f"{len(findings) - baked} capture-illegal operation(s)")
+    if baked:
+        parts.append(f"{baked} baked value(s)")
+    return " and ".join(parts)
 
 
 class _DispatchFlagger(TorchDispatchMode):

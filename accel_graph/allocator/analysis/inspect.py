@@ -88,8 +88,11 @@ ADVICE: dict[str, str] = {
         "expandable_segments:True; in code, free in LIFO order and allocate long-lived tensors first"
     ),
     "wholly_free_segments": (
-        "cached segments with nothing live: nothing to fix in the allocator (it releases them "
-        "before an out-of-memory error); call empty_cache() only if another process needs the memory"
+        "cached segments with nothing live at the peak: the peak request did not fit in any of "
+        "them, so the allocator reserved a new segment beside them (fragmentation across "
+        "segments); {env}=expandable_segments:True lets segments grow and serve any size, and "
+        "`accel-alloc tune` measures what it saves on this trace. empty_cache() does not lower "
+        "this peak (it only hands the cache back to other processes)"
     ),
     "other_streams": (
         "memory cached for (or held by) streams other than the main one: allocate and free "
@@ -153,6 +156,11 @@ def inspect_trace(trace: Any, device: int = 0, top: int = 10) -> dict[str, Any]:
     if top < 0:
         raise ValueError("top must be >= 0")
     ev = trace.events(device)
+    if len(ev) and int(ev["addr"].max()) >= 1 << 63:
+        # the loaders refuse these (TraceFormatError); a trace built in memory may still hold
+        # one, and the layout below works in int64 (an OverflowError otherwise)
+        raise ValueError(f"device {device}: an event address of {int(ev['addr'].max()):#x} is "
+                         "at or above 2^63, which no device hands out; the trace is corrupt")
     n = len(ev)
     act = ev["action"]
     prep = prepare(trace, device)

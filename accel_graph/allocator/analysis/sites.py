@@ -13,7 +13,7 @@ import numpy as np
 
 from .walk import Layout, Pairs
 
-__all__ = ["CHAIN_DEPTH", "FRAME_RULE", "NO_FRAMES_SITE", "PRE_EXISTING_SITE", "held_by_site", "site_ids",
+__all__ = ["ALLOCATOR_ONLY_SITE", "CHAIN_DEPTH", "FRAME_RULE", "NO_FRAMES_SITE", "PRE_EXISTING_SITE", "held_by_site", "site_ids",
            "stack_chains", "stack_sites", "top_user_frame", "user_chain"]
 
 PRE_EXISTING_SITE = "(allocated before the recording began)"
@@ -72,6 +72,25 @@ def _is_internal(filename: str) -> bool:
     return any(d in parts[:-1] for d in _TORCH_DIRS) or _is_stdlib(parts)
 
 
+#: Frames of the allocator and of the snapshot machinery itself (torch records them at the top
+#: of C++ stacks): never an allocation site, even when a stack has nothing else. A training
+#: step's top site was ``memory_snapshot.cpp:0 (gather_with_cpp)``, credited with 28.3 GiB.
+_MACHINERY_FILES = re.compile(
+    r"(memory_snapshot|CapturedTraceback|\w*CachingAllocator\w*|\w*Allocator(Config)?|"
+    r"unwind|combined_traceback)\.(cpp|h|hpp|cc)$", re.I)
+_MACHINERY_NAMES = re.compile(
+    r"gather_with_cpp|CapturedTraceback|torch::unwind|c10::cuda::CUDACachingAllocator|"
+    r"c10_npu::NPUCachingAllocator|DeviceCachingAllocator|NativeCachingAllocator|"
+    r"\bmalloc\b.*Allocator|Allocator::\w*alloc", re.I)
+ALLOCATOR_ONLY_SITE = "(only allocator/snapshot frames recorded: no user frame)"
+
+
+def is_machinery(frame: dict[str, Any]) -> bool:
+    """A frame of the allocator or of the snapshot machinery (:data:`_MACHINERY_FILES`)."""
+    name = _parts(str(frame.get("filename", "")))[-1]
+    return bool(_MACHINERY_FILES.search(name) or _MACHINERY_NAMES.search(str(frame.get("name", ""))))
+
+
 def top_user_frame(stack: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
     """The frame an allocation is attributed to (:data:`FRAME_RULE`): the first (innermost)
     Python frame of a ``.py`` file that is neither torch's own (a ``torch/`` or ``torch_npu/``
@@ -80,8 +99,8 @@ def top_user_frame(stack: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
     file is known (not ``??``), else the first frame; None for an empty stack. Directories are
     matched as whole path components, so ``torchvision/`` or ``mytorch/`` frames count as user
     frames."""
-    frames = [f for f in stack if isinstance(f, dict)]
-    if not frames:
+    frames = [f for f in stack if isinstance(f, dict) and not is_machinery(f)]
+    if not frames:  # empty, or only allocator/snapshot frames: no site to name
         return None
     names = [str(f.get("filename", "")) for f in frames]
     for f, name in zip(frames, names, strict=True):
@@ -137,7 +156,9 @@ def stack_sites(trace: Any) -> tuple[np.ndarray, list[str]]:
     began", then one id per distinct top user frame."""
     def key(st: Any) -> str | None:
         f = top_user_frame(st)
-        return None if f is None else _site_label(f)
+        if f is None:
+            return ALLOCATOR_ONLY_SITE if any(isinstance(x, dict) for x in st) else None
+        return _site_label(f)
     return _intern(trace, key)
 
 
@@ -146,7 +167,9 @@ def stack_chains(trace: Any) -> tuple[np.ndarray, list[str]]:
     :data:`CHAIN_DEPTH` frames, ``a <- b <- c`` innermost first)."""
     def key(st: Any) -> str | None:
         chain = user_chain(st)
-        return _chain_label(chain) if chain else None
+        if not chain:
+            return ALLOCATOR_ONLY_SITE if any(isinstance(x, dict) for x in st) else None
+        return _chain_label(chain)
     return _intern(trace, key)
 
 

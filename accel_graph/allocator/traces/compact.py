@@ -84,11 +84,7 @@ def decode(
     start = _FIXED.size + head_len + _padding(head_len)
     expected = start + payload_len
     if len(view) != expected:
-        what = "truncated" if len(view) < expected else "has trailing bytes"
-        raise TraceFormatError(
-            f"{source}: compact trace {what}: {len(view)} bytes, header promises {expected}. "
-            "Re-copy or re-save it."
-        )
+        raise TraceFormatError(_size_mismatch(view, source, start, payload_len))
     head = bytes(view[_FIXED.size : _FIXED.size + head_len])
     if zlib.crc32(head) != head_crc:
         raise TraceFormatError(f"{source}: compact trace header is corrupt (CRC mismatch).")
@@ -128,6 +124,49 @@ def decode(
     return header, arrays
 
 
+def _size_mismatch(view: memoryview, source: str, start: int, payload_len: int) -> str:
+    """The message for a file whose size is not what its fixed header says, in events.
+
+    A reader acts on events, not bytes: "truncated: 114 bytes, header promises 128" left them
+    to work out that the header's event count and the events present disagree. The header JSON
+    is read best-effort here (it may itself be cut or corrupt: then only the payload's own
+    length field is used), never trusted beyond this message.
+    """
+    itemsize = TRACE_DTYPE.itemsize
+    present = max(0, len(view) - start)
+    short = len(view) < start + payload_len
+    promised = _promised_events(view, start)
+    if promised is None:
+        # the header is unreadable: the fixed field's payload length is all there is
+        promised_text = f"a payload of {payload_len} bytes ({payload_len / itemsize:g} events)"
+    else:
+        promised_text = f"{promised} events ({promised * itemsize} bytes of payload)"
+    held = present // itemsize
+    partial = f" and {present % itemsize} stray bytes" if present % itemsize else ""
+    what = "truncated" if short else "has trailing bytes"
+    return (
+        f"{source}: compact trace {what}: the event count and the payload disagree: the "
+        f"header promises {promised_text}, the payload holds {held} events{partial} "
+        f"({present} bytes; file {len(view)} bytes, expected {start + payload_len}). "
+        "Re-copy or re-save it."
+    )
+
+
+def _promised_events(view: memoryview, start: int) -> int | None:
+    """The header's total event count, or None when the header cannot be read as one."""
+    if len(view) < start:
+        return None
+    try:
+        header = json.loads(bytes(view[_FIXED.size : start]).rstrip(b"\0"))
+        counts = header["event_counts"]
+        total = sum(counts)
+    except (ValueError, RecursionError, KeyError, TypeError):
+        return None
+    if not isinstance(total, int) or isinstance(total, bool) or total < 0:
+        return None
+    return total
+
+
 def check_event_array(a: np.ndarray, where: str, limits: TraceLimits) -> None:
     """Vectorised range checks on an event array (unknown actions, absurd sizes, frames ids)."""
     if not len(a):
@@ -143,6 +182,13 @@ def check_event_array(a: np.ndarray, where: str, limits: TraceLimits) -> None:
         raise TraceFormatError(
             f"{where}: event {bad[0]} has an absurd size {a['size'][bad[0]]} bytes "
             f"(limit {limits.max_bytes_value}); the trace is corrupt."
+        )
+    # addresses below 2^63, as every loader's (torch_snapshot._ADDR_MAX): analyses use int64
+    bad = np.flatnonzero(a["addr"] > np.uint64((1 << 63) - 1))
+    if len(bad):
+        raise TraceFormatError(
+            f"{where}: event {bad[0]} has an absurd address {int(a['addr'][bad[0]]):#x} "
+            f"(limit 2^63 - 1; no device hands out such addresses); the trace is corrupt."
         )
     bad = np.flatnonzero(a["frames"] < -1)
     if len(bad):

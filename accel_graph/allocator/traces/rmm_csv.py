@@ -121,9 +121,11 @@ def _parse(reader: Any, source: str, limits: TraceLimits) -> np.ndarray:
                                    "allocate, free and allocate failure.")
         addr = _int(row[i_ptr], "pointer", where)
         size = _int(row[i_size], "size", where)
-        if not 0 <= size <= limits.max_bytes_value or not 0 <= addr < 1 << 64:
+        # pointers below 2^63, as every loader's addresses (torch_snapshot._ADDR_MAX)
+        if not 0 <= size <= limits.max_bytes_value or not 0 <= addr < 1 << 63:
             raise TraceFormatError(f"{where}: size {show(size)} or pointer {show(addr)} is out of "
-                                   "range.")
+                                   "range (sizes up to TraceLimits.max_bytes_value, pointers "
+                                   "below 2^63).")
         stream = streams.setdefault(row[i_stream].strip(), len(streams)) if i_stream is not None else 0
         t = _time_us(row[i_time]) if timed else None
         if t is None:

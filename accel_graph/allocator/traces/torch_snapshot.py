@@ -29,9 +29,11 @@ __all__ = [
 BLOCK_STATES = ("active_allocated", "active_pending_free", "active_awaiting_free", "inactive")
 _EVENT_KEYS = frozenset({"action", "addr", "size", "stream", "time_us", "frames", "device_free"})
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
-#: Block and segment addresses must fit the int64 arrays the analyses put them in.
+#: Block, segment and event addresses must fit the int64 arrays the analyses put them in
+#: (``inspect``'s layout): one limit for all, so a trace that loads is one every command reads
+#: (an event at 2^63 used to load, then crash ``inspect`` with an OverflowError, exit 70). No
+#: device hands out such addresses (CUDA's, ROCm's, x86-64's are 48 or 57 bits).
 _ADDR_MAX = _INT64_MAX
-_UINT64_MAX = (1 << 64) - 1
 _PLAIN_SCALARS = (str, int, float, bool, type(None))
 _OOM = ACTION_CODE["oom"]
 
@@ -357,7 +359,8 @@ class _SnapshotReader:
             out["pool"] = np.array(pool, np.int64)
         except OverflowError:
             return None
-        if int(sizes.max()) > self.limits.max_bytes_value or int(times.min()) < NO_TIME:
+        if (int(sizes.max()) > self.limits.max_bytes_value or int(times.min()) < NO_TIME
+                or int(out["addr"].max()) > _ADDR_MAX):  # fmt: skip
             return None
         if int(np.count_nonzero(times == NO_TIME)) != absent:
             return None  # an explicit time_us of -1
@@ -399,10 +402,11 @@ class _SnapshotReader:
                 s = e["size"]
             except KeyError as k:
                 raise self.fail(f"device_traces[{device}][{i}]", f"missing {k}") from None
-            if (type(a) is not int or type(s) is not int or not 0 <= a <= _UINT64_MAX
+            if (type(a) is not int or type(s) is not int or not 0 <= a <= _ADDR_MAX
                     or not 0 <= s <= self.limits.max_bytes_value):  # fmt: skip
                 where = f"device_traces[{device}][{i}] ({ACTIONS[code]})"
-                self.integer(a, f"{where}.addr", hi=_UINT64_MAX)
+                key = "device_free" if code == _OOM else "addr"
+                self.integer(a, f"{where}.{key}", hi=_ADDR_MAX)
                 self.integer(s, f"{where}.size")
             addr[i], size[i] = a, s
             st = e.get("stream", 0)

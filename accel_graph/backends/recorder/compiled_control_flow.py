@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from .capture import Step
+from .memory_names import describe_memory
 from .pool_protocol import GraphPool, PoolRef, refs_overlap, storage_bytes
 from .program import CONTROL_KINDS, build_replay, materialize
 from .pytree import tree_flatten
@@ -205,7 +206,7 @@ def stage_reads_before_writes(sub: list[Step], pool: GraphPool) -> tuple[list[St
         if any(other != key and _overlap(places[other], places[key])
                and not (other in views and last_read[other] < first_write[key]) for other in places):
             raise StagingUnsupported(
-                f"a sub-program reads, then overwrites memory ({places[key]!r:.120}) that it also "
+                f"a sub-program reads, then overwrites memory ({describe_memory(places[key])}) that it also "
                 f"reaches through another view; compiled, it could read the overwritten values")
     snaps = {key: _tensor_of(places[key], pool).clone() for key in staged}
     pairs = [(_tensor_of(places[key], pool), snaps[key]) for key in staged]

@@ -228,7 +228,7 @@ def result_payload(result: Any, *, trace: str, device_type: str | None, top: int
         "skipped_knobs": [{"knob": k, "reason": r} for k, r in result.skipped],
         "baseline": {**row(base), "recorded_config": result.baseline_config},
         "ranked": [row(c, i + 1, eq) for i, (c, eq) in enumerate(shown)],
-        "pareto": [row(c) for c in result.pareto],
+        "pareto": _front_rows([row(c) for c in result.pareto], row(base), result.peak_scope),
         "alternative_policies": [row(c) for c in result.alternatives],
         "recommendation": recommendation,
         "warnings": warnings,
@@ -267,6 +267,44 @@ def _table(rows: list[dict[str, Any]], rank: bool = False, policy: bool = False,
 
 
 
+def _calls(r: dict[str, Any]) -> int:
+    return r["device_mallocs"] + r["device_frees"] + r["segment_maps"] + r["segment_unmaps"]
+
+
+def _peak(r: dict[str, Any], scope: str) -> int:
+    return r["peak_reserved_recording"] if scope == "recording" else r["peak_reserved"]
+
+
+def _front_rows(rows: list[dict[str, Any]], base: dict[str, Any], scope: str) -> list[dict[str, Any]]:
+    """Front rows with ``why``: None for a point no worse than the baseline on peak; for one
+    worse on peak, the trade that puts it on the front (it has fewer device calls). A bare
+    table row 620 MiB above the baseline read as a recommendation (issue 29)."""
+    out = []
+    for r in rows:
+        worse = _peak(r, scope) - _peak(base, scope)
+        why = None
+        if worse > 0:
+            why = (f"{fmt_signed_bytes(worse)} peak vs the baseline for "
+                   f"{_calls(base) - _calls(r)} fewer device calls")
+        out.append({**r, "worse_peak_than_baseline": worse > 0, "why": why})
+    return out
+
+
+def _front_lines(rows: list[dict[str, Any]], scope: str) -> list[str]:
+    """The front as text: points no worse than the baseline on peak, then, apart and saying
+    so, those on the front only because they trade peak for fewer device calls."""
+    good = [r for r in rows if not r.get("worse_peak_than_baseline")]
+    trade = [r for r in rows if r.get("worse_peak_than_baseline")]
+    lines = ["Pareto front (peak reserved vs device mallocs + frees + maps + unmaps), no worse "
+             "than the baseline on peak:", _table(good, scope=scope) if good else "  (none)"]
+    if trade:
+        lines += ["", "also on the front, WORSE than the baseline on peak: listed only because they "
+                  "make fewer device calls (not recommended for memory):",
+                  _table(trade, scope=scope)]
+        lines += [f"  {r['label']}: {r['why']}" for r in trade]
+    return lines
+
+
 def render(p: dict[str, Any]) -> str:
     b = p["baseline"]
     scope = p.get("peak_scope", "recording")
@@ -296,8 +334,7 @@ def render(p: dict[str, Any]) -> str:
         "results; equivalent configs folded):",
         _table(p["ranked"], rank=True, scope=scope),
         "",
-        "Pareto front (peak reserved vs device mallocs + frees + maps + unmaps):",
-        _table(p["pareto"], scope=scope),
+        *_front_lines(p["pareto"], scope),
     ]
     if p["alternative_policies"]:
         lines += ["", "other allocator policies, for comparison (not selectable with an "
