@@ -134,7 +134,7 @@ def _summary(findings: list[Finding]) -> str:
 
 
 class _DispatchFlagger(TorchDispatchMode):
-    #: torch.cond / torch.while_loop arrive whole: their bodies are run with the flagger on.
+    #: torch.cond / torch.while_loop / switch arrive whole: their bodies run with the flagger on.
     supports_higher_order_operators = True
 
     def __init__(self, report: CapturabilityReport, target: str | None) -> None:
@@ -183,6 +183,22 @@ class _DispatchFlagger(TorchDispatchMode):
                     return carried
                 with self:
                     carried = tuple(body_fn(*carried, *extra))
+        if name == "switch" and len(args) == 3 and isinstance(args[1], (tuple, list)):
+            index, branches, operands = args
+            k = _host_int(index)
+            if 0 <= k < len(branches):
+                with self:  # the branch the index selects, as eager
+                    return branches[k](*operands)
+            # Out of range: eager's operator raises (torch's switch() clamps first), as does
+            # this call below, and a replay would raise ReplayError.
+            self.report.findings.append(Finding(name, (
+                f"switch index {k} is out of range for {len(branches)} branches: the operator "
+                f"raises in eager and replay raises ReplayError; call torch's switch(), which "
+                f"clamps the index"), user_frame()))
+            from torch.utils._python_dispatch import _disable_current_modes
+
+            with _disable_current_modes():
+                return func(*args, **kwargs)
         self.report.findings.append(Finding(
             name, f"higher-order operator {name} is not supported during graph capture (the "
             f"recorder captures {', '.join(SUPPORTED)})", user_frame()))
@@ -190,6 +206,14 @@ class _DispatchFlagger(TorchDispatchMode):
 
         with _disable_current_modes():
             return func(*args, **kwargs)
+
+
+def _host_int(index: Any) -> int:
+    """A switch index's value, read with every dispatch mode off (capture reads it at replay)."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes():
+        return int(index.item()) if isinstance(index, torch.Tensor) else int(index)
 
 
 def _host_bool(pred: Any) -> bool:

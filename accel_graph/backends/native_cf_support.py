@@ -29,10 +29,11 @@ TORCH_MODULE = "torch._higher_order_ops.cudagraph_conditional_nodes"
 #: What ``cond`` needs on the graph class (torch 2.13 CUDA builds have these).
 IF_METHODS = ("get_currently_capturing_graph", "begin_capture_to_if_node",
               "end_capture_to_conditional_node")
-#: What ``while_loop`` needs on the graph class (upstream main after 2.13; expected in 2.14).
-WHILE_METHODS = ("begin_capture_to_while_node", "set_current_conditional_node_condition")
-#: What ``switch`` needs (no torch release has it at this writing: the names are a guess, so a
-#: torch whose API differs gets the refusal, never an unguarded call).
+#: What ``while_loop`` needs on the graph class: the methods torch 2.14.1's ``while_loop_node``
+#: calls (read off the wheel; torch 2.13 has none of them).
+WHILE_METHODS = ("begin_capture_to_while_node", "set_conditional_handle_for_current_node")
+#: What ``switch`` needs (torch 2.14.1 ships the ``switch`` operator but no switch-node capture:
+#: the names are a guess, so a torch whose API differs gets the refusal, never an unguarded call).
 SWITCH_METHODS = ("begin_capture_to_switch_node",)
 #: The CUDA version conditional nodes need (cudaGraphConditionalHandleCreate).
 MIN_CUDA = (12, 4)
@@ -129,7 +130,7 @@ def _detect(backend_name: str, module_name: str, module: Any) -> ControlFlowSupp
     graph_cls = getattr(module, "CUDAGraph", None)
     cond = _cond_missing(api, graph_cls)
     while_ = cond or _extra_missing(api, graph_cls, "while_loop_node", WHILE_METHODS,
-                                    "torch's while-node capture (expected in torch 2.14+)")
+                                    "torch's while-node capture (torch 2.14+)")
     switch = cond or _extra_missing(api, graph_cls, "switch_node", SWITCH_METHODS,
                                     "torch's switch-node capture (in no torch release yet)")
     if not hasattr(torch, "switch") and not hasattr(torch.ops.higher_order, "switch"):

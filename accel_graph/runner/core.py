@@ -24,9 +24,9 @@ import torch.utils._pytree as pytree
 from ..backends import select_backend
 from ..errors import ConfigError
 from ..frontend import Graph
-from .buckets import default_ladder, validate_ladder
 from .capture import capture_buckets, capture_lazily, disable_bucket
 from .debug import debug_call
+from .dynamic import check_spec_dim, resolve_ladder
 from .fallback import FALLBACKS, count_eager, load_static, narrow_outputs, run_eagerly
 from .group import GroupInfo
 from .inputs import InputSpec, broadcast, leaf_names
@@ -66,7 +66,11 @@ class GraphRunner:
             shape of every input; their batch size may be anything, their rows seed warm-up.
         buckets: the batch sizes to capture; default :func:`default_ladder` up to ``max_batch``
             (vLLM's 1, 2, 4, 8, 16, 24, ...).
-        max_batch: the largest batch to serve from a graph (needed when ``buckets`` is None).
+        max_batch: the largest batch to serve from a graph (needed when ``buckets`` and
+            ``dynamic`` are None).
+        dynamic: a ``torch.fx.experimental.dynamic_spec`` ShapeVar/IntVar with ``max`` (or the
+            TensorSpec of the first batched input): the ladder is the default one over its
+            ``min..max`` (:mod:`.dynamic`), so one spec serves torch.compile/export and the runner.
         batch_dim: the batch dimension of each input: an int for all, a tuple with one entry
             per positional argument (int, None, or a tree matching that argument), or None for
             an input without one (copied whole each call). Default 0.
@@ -132,6 +136,7 @@ class GraphRunner:
         buckets: Sequence[int] | None = None,
         *,
         max_batch: int | None = None,
+        dynamic: Any = None,
         batch_dim: Any = 0,
         pad_value: Any = 0,
         pad_index: Any = None,
@@ -156,15 +161,7 @@ class GraphRunner:
     ) -> None:
         if not callable(fn):
             raise ConfigError(f"fn must be callable, got {type(fn).__name__}")
-        if buckets is None:
-            if max_batch is None:
-                raise ConfigError(
-                    "give buckets=[...] or max_batch=N (the default ladder is 1, 2, 4, 8, 16, 24, "
-                    "... up to N, as vLLM's)"
-                )
-            ladder = default_ladder(max_batch)
-        else:
-            ladder = validate_ladder(buckets, max_batch)
+        ladder = resolve_ladder(buckets, max_batch, dynamic)
         if memory_budget is not None and (
             isinstance(memory_budget, bool) or not isinstance(memory_budget, int) or memory_budget <= 0
         ):
@@ -200,6 +197,7 @@ class GraphRunner:
             InputSpec.build(nm, x, d, p, i, ladder[-1], dev)
             for nm, x, d, p, i in zip(names, leaves, dims, pads, idx)
         ]
+        check_spec_dim(dynamic, inputs)
         # Graphs get the resolved device, never the bare argument: device="cuda" with inputs on
         # cuda:1 must capture on cuda:1, not on whatever device is current.
         backend, routed = select_backend(dev)

@@ -70,12 +70,13 @@ class UndoLog(TorchDispatchMode):
             t.copy_(after)
 
 
-#: Mode classes with eager rules for torch.cond / torch.while_loop registered.
+#: Mode classes with eager rules for torch.cond / torch.while_loop / switch registered.
 _RULES: set[type] = set()
 
 
 def _register_control_flow(mode_cls: type) -> None:
-    """Let ``torch.cond`` and ``torch.while_loop`` run under ``mode_cls`` (idempotent).
+    """Let ``torch.cond``, ``torch.while_loop`` and ``switch`` (torch 2.14+, skipped where
+    absent) run under ``mode_cls`` (idempotent).
 
     torch refuses a higher-order operator under a dispatch mode that has no rule for it
     (``NotImplementedError``), so a step with control flow could not be verified. The rule runs
@@ -85,10 +86,10 @@ def _register_control_flow(mode_cls: type) -> None:
         return
     from torch._C import DispatchKey
 
-    for name in ("cond", "while_loop"):
+    for name in ("cond", "while_loop", "switch"):
         op = getattr(torch.ops.higher_order, name, None)
         dense = None if op is None else op.py_kernels.get(DispatchKey.CompositeExplicitAutograd)
-        if dense is None:  # pragma: no cover - every supported torch has both
+        if dense is None:  # switch before torch 2.14
             continue
         op.py_impl(mode_cls)(torch._disable_dynamo(functools.partial(_eager_rule, dense)))
     _RULES.add(mode_cls)
@@ -96,6 +97,8 @@ def _register_control_flow(mode_cls: type) -> None:
 
 def _eager_rule(dense: Any, mode: TorchDispatchMode, *args: Any, **kwargs: Any) -> Any:
     def under_mode(fn: Any) -> Any:
+        if isinstance(fn, (tuple, list)):  # switch's branches
+            return type(fn)(under_mode(f) for f in fn)
         if not callable(fn) or isinstance(fn, torch.Tensor):
             return fn
 

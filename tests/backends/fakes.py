@@ -406,7 +406,7 @@ class FakeXpuModule(FakeDeviceModule):
 def install_conditional_nodes(fake: FakeCudaModule, monkeypatch: pytest.MonkeyPatch, *,
                               while_nodes: bool = False) -> list[tuple[str, Any]]:
     """Give the FAKE ``torch.cuda.CUDAGraph`` torch 2.13's conditional-node methods (and, with
-    ``while_nodes``, upstream main's while-node ones), and replace torch's ``if_else_node`` /
+    ``while_nodes``, torch 2.14.1's while-node ones), and replace torch's ``if_else_node`` /
     ``while_loop_node`` with imitations that drive them without the ``pred.is_cuda`` check (the
     fakes' tensors live on the CPU). Returns the shared call log. Nothing is captured: branch
     ops run eagerly on the CPU, in the order the real builders issue them."""
@@ -428,8 +428,8 @@ def install_conditional_nodes(fake: FakeCudaModule, monkeypatch: pytest.MonkeyPa
     def begin_capture_to_while_node(self: Any, pred: torch.Tensor) -> None:
         log.append(("begin_capture_to_while_node", bool(pred)))
 
-    def set_current_conditional_node_condition(self: Any, pred: torch.Tensor) -> None:
-        log.append(("set_current_conditional_node_condition", bool(pred)))
+    def set_conditional_handle_for_current_node(self: Any, pred: torch.Tensor) -> None:
+        log.append(("set_conditional_handle_for_current_node", bool(pred)))
 
     def end_capture_to_conditional_node(self: Any) -> None:
         log.append(("end_capture_to_conditional_node", None))
@@ -458,19 +458,21 @@ def install_conditional_nodes(fake: FakeCudaModule, monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(api, "if_else_node", if_else_node)
     if while_nodes:
         monkeypatch.setattr(cls, "begin_capture_to_while_node", begin_capture_to_while_node, raising=False)
-        monkeypatch.setattr(cls, "set_current_conditional_node_condition",
-                            set_current_conditional_node_condition, raising=False)
+        monkeypatch.setattr(cls, "set_conditional_handle_for_current_node",
+                            set_conditional_handle_for_current_node, raising=False)
 
         def while_loop_node(cond_fn: Any, body_fn: Any, carried: tuple, additional: tuple) -> Any:
-            # upstream main's shape: clone the carries, one WHILE node whose body copies the
-            # results back and re-evaluates the condition (run once here: nothing loops).
+            # torch 2.14.1's shape: clone the carries, one WHILE node whose body copies the
+            # results back (skipping a result that is its carry) and re-evaluates the condition
+            # (run once here: nothing loops).
             state = tuple(c.clone() for c in carried)
             g = get_currently_capturing_graph()
             g.begin_capture_to_while_node(cond_fn(*state, *additional))
             try:
                 for dst, src in zip(state, body_fn(*state, *additional)):
-                    dst.copy_(src)
-                g.set_current_conditional_node_condition(cond_fn(*state, *additional))
+                    if dst.data_ptr() != src.data_ptr():
+                        dst.copy_(src)
+                g.set_conditional_handle_for_current_node(cond_fn(*state, *additional))
             finally:
                 g.end_capture_to_conditional_node()
             return state

@@ -232,7 +232,7 @@ def test_fake_cf_while_loop_refused_without_while_nodes(fake_cuda: FakeCudaModul
         torch.ops.higher_order.while_loop(lambda i: i < 3, lambda i: (i + 1,), (torch.tensor(0),), ())
     msg = str(info.value)
     assert f"torch.while_loop cannot be captured into a CUDA graph on cuda:0 (cuda backend) with torch {torch.__version__}" in msg
-    assert "while-node capture (expected in torch 2.14+)" in msg and "Graph(device='cpu')" in msg
+    assert "while-node capture (torch 2.14+)" in msg and "Graph(device='cpu')" in msg
     assert_still_usable(g, earlier, fake_cuda)
 
 
@@ -243,7 +243,7 @@ def test_fake_cf_while_loop_through_while_nodes(fake_cuda: FakeCudaModule, monke
     with accel_graph.graph(g):
         # a body that swaps its carries: the results must be read before they are overwritten
         out = torch.ops.higher_order.while_loop(lambda x, y: x < 5, lambda x, y: (y, x), (a, b), ())
-    assert [c[0] for c in log] == ["begin_capture_to_while_node", "set_current_conditional_node_condition",
+    assert [c[0] for c in log] == ["begin_capture_to_while_node", "set_conditional_handle_for_current_node",
                                    "end_capture_to_conditional_node"]
     assert [float(t) for t in out] == [2.0, 1.0]  # one pass of the fake node: swapped, not (2, 2)
     assert float(a) == 1.0 and float(b) == 2.0  # carried inputs untouched
@@ -415,4 +415,63 @@ def test_fake_cf_error_caught_inside_the_capture_still_invalidates_it(
             cond_op(torch.tensor(True), lambda t: t + torch.rand(3), lambda t: t, (torch.ones(3),))
         except CaptureError:
             pass  # the user carries on
+    assert_still_usable(g, earlier, fake_cuda)
+
+
+# -- while_loop routing and switch (issue 24 item 8) --------------------------------------------
+def test_fake_cf_while_loop_refused_where_torch_lacks_while_loop_node(
+        fake_cuda: FakeCudaModule, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The graph class has the while-node methods, torch's builder is missing: refused, and the
+    # reason names the builder (never a call into an absent function).
+    install_conditional_nodes(fake_cuda, monkeypatch, while_nodes=True)
+    monkeypatch.delattr(torch_module(), "while_loop_node")
+    s = get_backend("cuda").control_flow_support()
+    assert s.cond is None
+    assert "cudagraph_conditional_nodes.while_loop_node" in (s.while_loop or "")
+    assert "begin_capture_to_while_node" not in (s.while_loop or "")  # the class has it
+    earlier = first_graph(fake_cuda)
+    g = accel_graph.Graph(device="cuda:0")
+    with pytest.raises(CaptureError, match="while_loop_node") as info, accel_graph.graph(g):
+        torch.ops.higher_order.while_loop(lambda i: i < 3, lambda i: (i + 1,), (torch.tensor(0),), ())
+    assert "Graph(device='cpu')" in str(info.value)
+    assert_still_usable(g, earlier, fake_cuda)
+
+
+def test_real_torch_while_node_api_matches_what_detection_asks_for() -> None:
+    # Not a fake: the real torch module. Where torch ships while_loop_node (2.14.1), the graph
+    # methods it calls are exactly the ones detection requires, and the real CUDAGraph has
+    # them; where it does not (2.13), detection on the real torch.cuda gives that reason.
+    import inspect
+
+    from accel_graph.backends.native_cf_support import WHILE_METHODS, detect_support
+
+    api = torch_module()
+    s = detect_support("cuda", "cuda", torch.cuda)
+    if hasattr(api, "while_loop_node") and hasattr(torch.cuda, "CUDAGraph"):
+        source = inspect.getsource(api)
+        for name in WHILE_METHODS:
+            assert f".{name}(" in source, f"torch's while_loop_node no longer calls {name}"
+            assert hasattr(torch.cuda.CUDAGraph, name)
+        assert s.while_loop is None or s.while_loop == s.cond  # only cond's reason (a driver) remains
+    else:
+        assert "while_loop_node" in (s.while_loop or "") or s.while_loop == s.cond
+
+
+def test_fake_cf_switch_is_refused_at_capture_with_the_reason(
+        fake_cuda: FakeCudaModule, monkeypatch: pytest.MonkeyPatch) -> None:
+    switch_op = getattr(torch.ops.higher_order, "switch", None)
+    if switch_op is None:
+        pytest.skip(f"torch {torch.__version__} has no torch.switch operator "
+                    f"(torch._higher_order_ops.switch first shipped in 2.14)")
+    install_conditional_nodes(fake_cuda, monkeypatch, while_nodes=True)
+    s = get_backend("cuda").control_flow_support()
+    assert s.cond is None and s.while_loop is None and "switch-node capture" in (s.switch or "")
+    earlier = first_graph(fake_cuda)
+    g = accel_graph.Graph(device="cuda:0")
+    x = torch.ones(3)
+    with pytest.raises(CaptureError) as info, accel_graph.graph(g):
+        switch_op(torch.tensor(1), (lambda t: t + 1, lambda t: t * 2), (x,))
+    msg = str(info.value)
+    assert f"torch.switch cannot be captured into a CUDA graph on cuda:0 (cuda backend) with torch {torch.__version__}" in msg
+    assert "switch_node" in msg and "Graph(device='cpu')" in msg
     assert_still_usable(g, earlier, fake_cuda)

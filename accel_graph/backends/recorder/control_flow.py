@@ -1,4 +1,4 @@
-"""Control flow inside a recorder capture: ``torch.cond`` and ``torch.while_loop``.
+"""Control flow inside a recorder capture: ``torch.cond``, ``torch.while_loop`` and ``switch``.
 
 Both are higher-order operators: a rule registered for the recording mode's class
 (``HigherOrderOperator.py_impl``) receives them whole (the predicate tensor and the Python
@@ -18,6 +18,17 @@ iterations, exactly as eager would.
   into the buffers (through temporaries when a result aliases a buffer, so a body that swaps or
   reads and writes the same carry sees the old values: double buffering). The buffers are the
   loop's outputs.
+
+- ``switch(index, branches, operands)`` (torch 2.14's prototype,
+  ``torch._higher_order_ops.switch``; feature-detected: torch 2.13 has no such operator): each of
+  the N branches is recorded as a sub-program writing into common outputs, as ``cond``'s two
+  are, and the selection is a chain of ``cond`` steps on predicates ``index == k`` recorded in
+  the outer program, so replay (interpreted or compiled) reads the index at replay time with
+  the machinery ``cond`` already has. Eager ``switch`` clamps the index into range before it
+  calls the operator; the operator itself refuses an index out of range (AssertionError). The
+  chain's last ``else`` is a host step raising :class:`~accel_graph.errors.ReplayError`, so an
+  out-of-range index at replay (only reachable through the bare operator) raises, never runs a
+  wrong branch. A Python int index picks its branch at capture, as eager does.
 
 Nesting works: a branch or body calling ``torch.cond``/``torch.while_loop`` records a nested
 step. Other higher-order operators have no rule for the recording mode: torch refuses them
@@ -42,11 +53,12 @@ if TYPE_CHECKING:
 
 __all__ = ["SUPPORTED", "record_higher_order", "register_rules", "undo_dynamo_skip"]
 
-#: Higher-order operators the recorder captures, by ``HigherOrderOperator.name()``.
-SUPPORTED = ("cond", "while_loop")
+#: Higher-order operators the recorder captures, by ``HigherOrderOperator.name()`` (``switch``
+#: only where this torch has it: :func:`register_rules` skips operators torch lacks).
+SUPPORTED = ("cond", "while_loop", "switch")
 
-_FIX = ("Inside a capture the recorder supports torch.cond and torch.while_loop; run this "
-        "operator outside the captured region")
+_FIX = ("Inside a capture the recorder supports torch.cond, torch.while_loop and torch.switch; "
+        "run this operator outside the captured region")
 
 
 _registered: set[type] = set()
@@ -59,7 +71,7 @@ def register_rules(mode_cls: type) -> None:
         return
     for name in SUPPORTED:
         op = getattr(torch.ops.higher_order, name, None)
-        if op is None:  # pragma: no cover - every supported torch has both
+        if op is None:  # switch before torch 2.14
             continue
         op.py_impl(mode_cls)(torch._disable_dynamo(functools.partial(_rule, op)))
     _registered.add(mode_cls)
@@ -86,7 +98,8 @@ def _rule(op: HigherOrderOperator, mode: Any, *args: Any, **kwargs: Any) -> Any:
 #: The wrappers eager torch.cond / torch.while_loop hand to torch.compile, by module and
 #: enclosing function.
 _EAGER_WRAPPERS = (("torch._higher_order_ops.cond", "cond", "_cond_op_wrapper"),
-                   ("torch._higher_order_ops.while_loop", "while_loop", "_while_loop_op_wrapper"))
+                   ("torch._higher_order_ops.while_loop", "while_loop", "_while_loop_op_wrapper"),
+                   ("torch._higher_order_ops.switch", "switch", "run_switch"))
 
 
 def undo_dynamo_skip() -> None:
@@ -123,6 +136,8 @@ def record_higher_order(cap: Capture, func: HigherOrderOperator, args: tuple, kw
         return _record_cond(cap, *args, **kwargs)
     if name == "while_loop":
         return _record_while(cap, *args, **kwargs)
+    if name == "switch":
+        return _record_switch(cap, *args, **kwargs)
     raise CaptureError(f"higher-order operator {name} is not supported during graph capture. {_FIX}")
 
 
@@ -195,28 +210,34 @@ def _fresh_like(cap: Capture, t: torch.Tensor) -> torch.Tensor:
     return cap.allocate_output(t.shape, stride, t.dtype, t.device)
 
 
+def _into_common(cap: Capture, common: list[torch.Tensor], firsts: list[torch.Tensor],
+                 what: str) -> Any:
+    """A wrapper making a branch copy its results into ``common`` (made, as fresh pool memory,
+    by the first branch recorded; later branches must match its outputs)."""
+    def wrap(fn: Any, label: str) -> Any:
+        def branch(*ops: Any) -> Any:
+            out = fn(*ops)
+            leaves = _tensors(out, label)
+            if not common:
+                # Fresh pool memory, so that no branch's results (which may be views of
+                # operands) are what the caller holds.
+                common.extend(_fresh_like(cap, t) for t in leaves)
+                firsts.extend(leaves)
+            else:
+                same_meta(firsts, leaves, what)
+            for dst, src in zip(common, leaves):
+                dst.copy_(src)  # recorded: the branch's last steps
+            return out
+        return branch
+    return wrap
+
+
 def _record_cond(cap: Capture, pred: Any, true_fn: Any, false_fn: Any, operands: Any) -> Any:
     _check_pred(pred, "torch.cond's predicate")
     operands = tuple(operands)
     common: list[torch.Tensor] = []  # the outputs, made by the true branch's recording
     firsts: list[torch.Tensor] = []
-
-    def into_common(fn: Any, what: str) -> Any:
-        def branch(*ops: Any) -> Any:
-            out = fn(*ops)
-            leaves = _tensors(out, what)
-            if not common:
-                # Fresh pool memory, so that neither branch's results (which may be views of
-                # operands) are what the caller holds.
-                common.extend(_fresh_like(cap, t) for t in leaves)
-                firsts.extend(leaves)
-            else:
-                same_meta(firsts, leaves, "torch.cond's branches")
-            for dst, src in zip(common, leaves):
-                dst.copy_(src)  # recorded: the branch's last steps
-            return out
-        return branch
-
+    into_common = _into_common(cap, common, firsts, "torch.cond's branches")
     true_steps, true_out = _record_sub(cap, into_common(true_fn, "torch.cond's true_fn"), operands)
     false_steps, _ = _record_sub(cap, into_common(false_fn, "torch.cond's false_fn"), operands)
     firsts.clear()
@@ -257,3 +278,87 @@ def _record_while(cap: Capture, cond_fn: Any, body_fn: Any, carried: Any,
     body_steps, _ = _record_sub(cap, body, operands)
     cap.record_control("while", (cap.frozen_arg(pred), cond_steps, body_steps))
     return tuple(buffers)
+
+
+def _check_index(index: Any, n: int) -> None:
+    """torch's rule for a tensor index: one element, integer (or bool)."""
+    if index.numel() != 1 or index.is_floating_point() or index.is_complex():
+        raise CaptureError(
+            f"torch.switch's index must be a one-element integer tensor (or a Python int), got "
+            f"{index.dtype} of shape {tuple(index.shape)}; it selects one of {n} branches"
+        )
+
+
+def _control_steps(cap: Capture, kind: str, extra: tuple) -> list:
+    """One control-flow step, recorded into a step list of its own (not the program)."""
+    outer = cap.steps
+    cap.steps = []
+    try:
+        cap.record_control(kind, extra)
+        return cap.steps
+    finally:
+        cap.steps = outer
+
+
+def _out_of_range_step(cap: Capture, index: torch.Tensor, n: int) -> Any:
+    """The host step ending the selection chain: reached only for an index outside
+    ``[0, n)``, where eager's operator raises; replay raises ReplayError the same way."""
+    from ...errors import ReplayError
+    from .capture import Step
+    from .ops import Strategy
+    from .rng import HostCall
+
+    def out_of_range(idx: torch.Tensor) -> None:
+        raise ReplayError(
+            f"torch.switch's index is {int(idx.item())} at replay, out of range for its {n} "
+            f"branches (0..{n - 1}); eager's switch operator refuses it too. torch's switch() "
+            f"clamps its index before calling the operator: call that, or clamp the index"
+        )
+
+    why = f"torch.switch index out of range for {n} branches: raise, as eager's operator does"
+    args = (cap.frozen_arg(index),)
+    return Step(HostCall("switch index check", out_of_range, args, why), "host", args, {}, (),
+                Strategy("host", why=why), out_of_range)
+
+
+def _record_switch(cap: Capture, index: Any, branches: Any, operands: Any = ()) -> Any:
+    branches, operands = tuple(branches), tuple(operands)
+    n = len(branches)
+    if n == 0:
+        raise CaptureError("torch.switch needs at least one branch")
+    if isinstance(index, int) and not isinstance(index, bool):
+        # A Python int picks the branch now, as eager does (torch's switch() itself calls the
+        # branch directly for an int): the branch is recorded inline.
+        if not 0 <= index < n:
+            raise CaptureError(f"torch.switch index {index} is out of range for {n} branches "
+                               f"(eager's switch operator refuses it; torch's switch() clamps it)")
+        with _outer_dispatch_keys(), cap.mode:
+            return branches[index](*operands)
+    if not isinstance(index, torch.Tensor):
+        raise CaptureError(f"torch.switch's index must be a one-element integer tensor or an int, "
+                           f"got {type(index).__name__}")
+    _check_index(index, n)
+    # The predicates first (recorded in the outer program, read at replay), held alive while
+    # the branches record, so no branch's memory is theirs.
+    with cap.mode:
+        flat = index.reshape(())
+        preds = [flat == k for k in range(n)]
+    common: list[torch.Tensor] = []
+    firsts: list[torch.Tensor] = []
+    into_common = _into_common(cap, common, firsts, "torch.switch's branches")
+    subs: list[list] = []
+    first_out: Any = None
+    for k, fn in enumerate(branches):
+        steps, out = _record_sub(cap, into_common(fn, f"torch.switch's branch {k}"), operands)
+        subs.append(steps)
+        if k == 0:
+            first_out = out
+    firsts.clear()
+    # cond(index == 0, branch 0, cond(index == 1, branch 1, ... cond(index == n-1, branch n-1,
+    # raise))): replay reads one predicate per branch passed over, and never runs a wrong one.
+    chain = [_out_of_range_step(cap, index, n)]
+    for k in range(n - 1, -1, -1):
+        chain = _control_steps(cap, "cond", (cap.frozen_arg(preds[k]), subs[k], chain))
+    cap.steps.extend(chain)
+    it = iter(common)
+    return tree_map(lambda _: next(it), first_out)
