@@ -53,6 +53,7 @@ __all__ = [
     "add_trace_options",
     "guarded",
     "parse_size",
+    "torch_version",
     "warn",
 ]
 
@@ -168,11 +169,31 @@ def add_scenario_options(parser: argparse.ArgumentParser, *, config_required: bo
 
 
 def add_profile_option(parser: argparse.ArgumentParser) -> None:
-    """``--profile NAME``: the torch version x device profile to simulate."""
+    """``--profile NAME`` (the torch version x device profile to simulate) and ``--torch X.Y``
+    (the torch the trace ran under: picks the config-parser rules and the default profile)."""
     parser.add_argument("--profile", default=None, metavar="NAME",
-                        help="torch version x device profile, e.g. cuda-2.13, cuda-2.9, rocm-2.13, "
-                        "npu, xpu (default: from the trace's device type, newest torch); "
-                        "`accel-alloc simulate --list-profiles` lists them")
+                        help="torch version x device profile, e.g. cuda-2.14, cuda-2.13, cuda-2.9, "
+                        "rocm-2.13, npu, xpu (default: from --torch, else the trace's device "
+                        "type, newest torch); `accel-alloc simulate --list-profiles` lists them")
+    parser.add_argument("--torch", type=torch_version, default=None, metavar="X.Y",
+                        help="the torch version the trace ran under, e.g. 2.13 or 2.14.1: read "
+                        "configs with that torch's PYTORCH_ALLOC_CONF rules and, without "
+                        "--profile, simulate its profile (default: the newest torch, which every "
+                        "trace's evidence allows)")
+
+
+def torch_version(text: str) -> str:
+    """``--torch``'s type: ``"2.14.1+cu130"`` -> ``"2.14"``; an argparse error (exit 2) naming the
+    accepted forms and the known rules otherwise."""
+    from ...allocator.alloc_conf import parse_torch_version, rules_for
+    from ...errors import ConfigError
+
+    try:
+        rules_for(text)
+        major, minor = parse_torch_version(text)
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return f"{major}.{minor}"
 
 
 def add_cap_option(parser: argparse.ArgumentParser, role: str = (

@@ -107,7 +107,7 @@ def build_series(trace: Any, args: argparse.Namespace, device: int,
         cfg = config_text(cfg)
         sc = guarded(lambda cfg=cfg: make_scenario(trace, cfg, policy=args.policy,
                                                    profile=args.profile, cap=args.cap,
-                                                   device=device))
+                                                   device=device, torch=args.torch))
         sim = guarded(lambda sc=sc: simulate(trace, sc, device=device, keep_events=True,
                                              keep_layout=keep_layout))
         tl = simulated_timeline(sim, trace)

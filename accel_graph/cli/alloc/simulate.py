@@ -151,6 +151,14 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def rules_line(rules: dict[str, str] | None) -> str:
+    """The human line saying which torch's PYTORCH_ALLOC_CONF rules read the configs."""
+    if not rules:
+        return "config rules: unknown"
+    return (f"config rules: torch {rules['torch']}'s PYTORCH_ALLOC_CONF parser (chosen by "
+            f"{rules['chosen_by']}; --torch X.Y sets the trace's torch)")
+
+
 def render(payload: dict[str, Any]) -> str:
     p, r = payload["predicted"], payload["recorded"]
     rows = [
@@ -173,7 +181,8 @@ def render(payload: dict[str, Any]) -> str:
     head = (f"{payload['trace']}: device {p['device']} ({payload.get('device_type') or 'unknown'}), "
             f"config {p['label']}, profile {p['profile']}, policy {p['policy']}"
             + (f", cap {fmt_bytes(p['cap'])}" if p["cap"] else ""))
-    lines = [head, "", format_table(["", "simulated", "recorded (its own settings)"], rows, align="lrr")]
+    lines = [head, rules_line(p.get("config_rules")), "",
+             format_table(["", "simulated", "recorded (its own settings)"], rows, align="lrr")]
     if p.get("fits") is not None:
         lines.append(
             f"fits in {fmt_bytes(p['cap'])}: " + (
