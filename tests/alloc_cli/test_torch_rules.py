@@ -72,6 +72,9 @@ def test_every_scenario_command_reports_the_rules(cli, frag_trace) -> None:
     body = d.json()
     assert body["a"]["scenario"]["config_rules"]["torch"] == "2.13"
     assert body["b"]["scenario"]["config_rules"]["torch"] == "2.13"
+    assert "torch 2.13 config rules" in cli("diff", frag_trace, "--config-b",
+                                            "expandable_segments:True", "--torch", "2.13").out
+    assert "config rules: torch 2.13's" in cli("validate", frag_trace, "--torch", "2.13").out
 
 
 def test_tune_reports_the_rules(cli, frag_trace) -> None:

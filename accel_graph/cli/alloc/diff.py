@@ -185,7 +185,9 @@ def _describe(side: dict[str, Any]) -> str:
     sc = side["scenario"]
     return (f"{side['trace']} device {side['device']} ({side['device_type'] or 'unknown'}), "
             f"config {sc['label']}, profile {sc['profile']}, policy {sc['policy']}"
-            + (f", cap {fmt_bytes(sc['cap'])}" if sc["cap"] else ""))
+            + (f", cap {fmt_bytes(sc['cap'])}" if sc["cap"] else "")
+            + (f", torch {sc['config_rules']['torch']} config rules"
+               if sc.get("config_rules") else ""))
 
 
 def render(payload: dict[str, Any]) -> str:

@@ -53,6 +53,7 @@ __all__ = [
     "add_trace_options",
     "guarded",
     "parse_size",
+    "rules_line",
     "torch_version",
     "warn",
 ]
@@ -223,6 +224,15 @@ def guarded(fn: Any) -> Any:
 
 
 # ---------------------------------------------------------------------------------------------
+
+def rules_line(rules: dict[str, str] | None) -> str:
+    """The human line saying which torch's PYTORCH_ALLOC_CONF rules read the configs."""
+    if not rules:
+        return "config rules: unknown"
+    return (f"config rules: torch {rules['torch']}'s PYTORCH_ALLOC_CONF parser (chosen by "
+            f"{rules['chosen_by']}; --torch X.Y sets the trace's torch)")
+
+
 
 def warn(message: str) -> None:
     """A warning line on stderr (never mixed into ``--json`` output on stdout)."""

@@ -28,6 +28,7 @@ from .options import (
     add_scenario_options,
     add_trace_options,
     guarded,
+    rules_line,
 )
 
 
@@ -149,14 +150,6 @@ def run(args: argparse.Namespace) -> int:
                "device_type": trace.device_type, **body}
     emit(args, payload, render(payload))
     return 0
-
-
-def rules_line(rules: dict[str, str] | None) -> str:
-    """The human line saying which torch's PYTORCH_ALLOC_CONF rules read the configs."""
-    if not rules:
-        return "config rules: unknown"
-    return (f"config rules: torch {rules['torch']}'s PYTORCH_ALLOC_CONF parser (chosen by "
-            f"{rules['chosen_by']}; --torch X.Y sets the trace's torch)")
 
 
 def render(payload: dict[str, Any]) -> str:

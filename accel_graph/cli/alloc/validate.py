@@ -24,6 +24,7 @@ from .options import (
     add_profile_option,
     add_trace_options,
     guarded,
+    rules_line,
 )
 
 _COUNTS = ("segment_alloc", "segment_free", "segment_map", "segment_unmap")
@@ -134,6 +135,7 @@ def render(payload: dict[str, Any]) -> str:
     lines = [
         f"{payload['trace']}: device {payload['device']} ({payload.get('device_type') or 'unknown'}), "
         f"recorded settings {sc['label']}, profile {sc['profile']}",
+        rules_line(sc.get("config_rules")),
         "",
         format_table(["metric", "simulated", "recorded", "error", "relative"], rows, align="lrrrr"),
         "",
