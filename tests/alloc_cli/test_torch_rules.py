@@ -62,7 +62,7 @@ def test_explicit_profile_wins_and_a_mismatch_is_noted(cli, frag_trace) -> None:
     assert any("describes torch 2.0-2.11, not the torch 2.14 given" in n for n in p["notes"])
 
 
-def test_every_scenario_command_reports_the_rules(cli, frag_trace) -> None:
+def test_every_scenario_command_reports_the_rules(cli, frag_trace, tmp_path) -> None:
     v = cli("validate", frag_trace, "--torch", "2.13", "--json")
     assert v.code in (0, 1), v.err
     assert "2.13" in v.out and "config_rules" in v.out
@@ -75,6 +75,11 @@ def test_every_scenario_command_reports_the_rules(cli, frag_trace) -> None:
     assert "torch 2.13 config rules" in cli("diff", frag_trace, "--config-b",
                                             "expandable_segments:True", "--torch", "2.13").out
     assert "config rules: torch 2.13's" in cli("validate", frag_trace, "--torch", "2.13").out
+    pl = cli("plot", frag_trace, "--config", "expandable_segments:True", "--torch", "2.13",
+             "--html", tmp_path / "view.html", "--json")
+    assert pl.code == 0, pl.err
+    series = pl.json()["series"]
+    assert series[0]["config_rules"] == {"torch": "2.13", "chosen_by": "torch 2.13 given"}
 
 
 def test_tune_reports_the_rules(cli, frag_trace) -> None:
