@@ -8,7 +8,7 @@ code   meaning
 =====  ==========================================================================================
 0      success
 1      a check failed: ``validate --max-error`` exceeded, ``diff --fail-above`` regression gate
-2      usage error (unknown option, missing argument; argparse's own code)
+2      usage error (unknown option, missing argument, bad --torch; argparse's own code)
 3      a config string PyTorch would reject (unknown key, bad value, bad separator)
 4      a trace file that cannot be read: missing, empty, truncated, corrupt, hostile (pickle
        globals, memo bombs, objects out of proportion to the file), wrong types, absurd sizes
