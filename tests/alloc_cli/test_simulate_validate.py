@@ -181,7 +181,7 @@ def test_unknown_device_is_said(cli, tmp_path: Path):
     r = cli("simulate", path, "--json")
     assert r.code == 0
     out = r.json()["predicted"]
-    assert out["profile"] == "cuda-2.13"
+    assert out["profile"] == "cuda-2.14"
     assert any("does not say which device" in n for n in out["notes"])
     r = cli("simulate", path, "--json", "--device-type", "npu")
     out = r.json()["predicted"]
@@ -193,7 +193,7 @@ def test_list_profiles(cli):
     r = cli("simulate", "--list-profiles", "--json")
     assert r.code == 0
     names = {p["name"] for p in r.json()["profiles"]}
-    assert {"cuda-2.9", "cuda-2.13", "npu", "xpu", "rocm-2.13"} <= names
+    assert {"cuda-2.9", "cuda-2.13", "cuda-2.14", "npu", "xpu", "rocm-2.13"} <= names
     assert cli("simulate").code == options.EXIT_USAGE
 
 

@@ -194,7 +194,7 @@ def test_best_without_expandable_segments_follows_the_objective(cli, frag_trace)
 def test_torch_version_assumed_and_inferred(cli, warm_path, warm):
     p = cli("tune", warm_path, "--json", "--no-progress", "--budget", "24").json()
     t = p["recommendation"]["torch"]
-    assert t["profile"] == "cuda-2.13" and t["assumed"] == "2.13 or later"
+    assert t["profile"] == "cuda-2.14" and t["assumed"] == "2.14 or later"
     assert t["trace"]["at_least"] is None  # the recorded config string is empty
     assert infer_torch(warm_start_trace(steps=1, settings="expandable_segments:True"))[
         "at_least"] == "2.1"

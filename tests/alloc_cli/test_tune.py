@@ -60,7 +60,7 @@ def test_json_schema(frag_json):
     for w in p["warnings"]:
         assert set(w) == {"code", "severity", "message", "reference"} and w["reference"]
     assert set(p["accuracy"]) >= {"metrics", "peak_error_pct", "exact"}
-    assert p["profile"] == "cuda-2.13" and p["policy"] == "native"
+    assert p["profile"] == "cuda-2.14" and p["policy"] == "native"
 
 
 def test_frag_recommendation_removes_the_fragmentation(frag_json):

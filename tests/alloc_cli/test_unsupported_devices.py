@@ -35,7 +35,7 @@ def test_named_unknown_device(cli, tmp_path):
         assert r.code == options.EXIT_UNSUPPORTED, (cmd, r.code, r.err)
         assert "'tpu'" in r.err and "--device-type" in r.err
     r = cli("simulate", path, "--device-type", "cuda", "--json")
-    assert r.code == 0 and r.json()["predicted"]["profile"] == "cuda-2.13"
+    assert r.code == 0 and r.json()["predicted"]["profile"] == "cuda-2.14"
 
 
 def test_device_implied_by_frames(cli, tmp_path):

@@ -1,15 +1,29 @@
-"""Allocator config strings: differential tests against torch 2.13's own parser, values, round trips.
+"""Allocator config strings: differential tests against the installed torch's own parser, values,
+round trips.
 
-torch's parser is reached through ``torch._C._accelerator_setAllocatorSettings``. On the CPU
-build it validates the common keys and skips the rest, so ``device="cpu"`` must match it exactly;
-``device="cuda"`` must match it wherever only common keys occur, and follows the CUDA rules of
-the reference for the device keys the CPU build cannot check.
+torch's parser is reached through ``torch._C._accelerator_setAllocatorSettings``
+(:func:`alloc_conf_parity.torch_outcome`). The rules compared are the installed torch's:
+its version (``parse_config(torch=...)``) and its build kind (``device``: the CPU build
+validates the common keys and skips the rest; a CUDA build, such as pip's default torch 2.14.1
+even without a GPU, also runs the CUDA hook and refuses unknown keys). ``device="cuda"`` must
+also match wherever only common keys occur. The frozen per-version tables are checked in
+test_config_tables.py.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
+from alloc_conf_compare import mismatch
+from alloc_conf_parity import (
+    CORE_CORPUS,
+    DEVICE_CORPUS,
+    SKIPPED_ON_CPU_CORPUS,
+    build_device,
+    outcome_record,
+    torch_minor,
+    torch_outcome,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -25,200 +39,14 @@ from accel_graph.errors import ConfigError
 
 _set = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
 needs_torch_parser = pytest.mark.skipif(_set is None, reason="torch has no allocator-settings hook")
-
-# torch only says this for std::invalid_argument / std::out_of_range; ours says more.
-_OPAQUE = {"stoull", "stod"}
-
-
-def torch_outcome(text: str) -> BaseException | None:
-    """Run torch's parser on ``text`` from a clean state; return its exception or None."""
-    # large_segment_size_mb is sticky across calls (even failed ones) and sets the minimum of
-    # max_split_size_mb; parsing it back to 20 also resets the keys torch resets per parse.
-    _set("large_segment_size_mb:20")
-    try:
-        _set(text)
-    except Exception as e:  # noqa: BLE001 - we compare whatever torch raised
-        return e
-    finally:
-        _set("large_segment_size_mb:20")
-    return None
+#: the installed torch's rules: its build kind and its version
+BUILD = build_device() if _set is not None else "cpu"
+TORCH = torch_minor()
 
 
-def our_outcome(text: str, device: str) -> ConfigError | None:
-    try:
-        parse_config(text, device)
-    except ConfigError as e:
-        return e
-    return None
-
-
-def assert_same(text: str, device: str) -> None:
-    theirs = torch_outcome(text)
-    ours = our_outcome(text, device)
-    if theirs is None:
-        assert ours is None, f"torch accepts {text!r}, we reject it: {ours}"
-        return
-    assert ours is not None, f"torch rejects {text!r} ({theirs!r}), we accept it"
-    message = str(theirs).strip()
-    if isinstance(theirs, ValueError) and message not in _OPAQUE:
-        assert message in str(ours), f"{text!r}: torch says {message!r}, we say {ours}"
-    else:
-        # internal assert, IndexError('stoull') ...: we must explain instead of echoing torch
-        assert "INTERNAL ASSERT" not in str(ours)
-        assert len(str(ours)) > 40
-
-
-# Strings with only the common keys (or malformed structure): cpu and cuda rules agree.
-CORE_CORPUS = [
-    "",
-    "   ",
-    "max_split_size_mb:20",
-    "max_split_size_mb:19",
-    "max_split_size_mb:0",
-    "max_split_size_mb:100",
-    "max_split_size_mb:100abc",
-    "max_split_size_mb:abc",
-    "max_split_size_mb:-1",
-    "max_split_size_mb:-0",
-    "max_split_size_mb:+30",
-    "max_split_size_mb:0x100",
-    "max_split_size_mb:18446744073709551615",
-    "max_split_size_mb:18446744073709551616",
-    "max_split_size_mb:-18446744073709551615",
-    "max_split_size_mb:99999999999999999999999",
-    "max_split_size_mb:[20]",
-    "max_split_size_mb: 2 0",
-    "max_split_size_mb:3\u0660",
-    "max_split_size_mb:\u0663\u0660",
-    "max_split_size_mb:2\u00a00",
-    "max_split_size_mb",
-    "max_split_size_mb:",
-    "max_split_size_mb:20:30",
-    "large_segment_size_mb:10",
-    "large_segment_size_mb:11",
-    "large_segment_size_mb:30",
-    "large_segment_size_mb:abc",
-    "large_segment_size_mb:99999999999999999999",
-    "large_segment_size_mb:17592186044416",
-    "large_segment_size_mb:20:30",
-    "large_segment_size_mb:11,max_split_size_mb:11",
-    "large_segment_size_mb:30,max_split_size_mb:25",
-    "max_split_size_mb:25,large_segment_size_mb:30",
-    "max_split_size_mb:30,large_segment_size_mb:30",
-    "large_segment_size_mb:30,max_non_split_rounding_mb:25",
-    "large_segment_size_mb:30,max_non_split_rounding_mb:30",
-    "max_non_split_rounding_mb:19",
-    "max_non_split_rounding_mb:20",
-    "max_non_split_rounding_mb:64,max_split_size_mb:512",
-    "garbage_collection_threshold:0.5",
-    "garbage_collection_threshold:0",
-    "garbage_collection_threshold:1",
-    "garbage_collection_threshold:1.0",
-    "garbage_collection_threshold:0.999999",
-    "garbage_collection_threshold:abc",
-    "garbage_collection_threshold:nan",
-    "garbage_collection_threshold:nan(12)",
-    "garbage_collection_threshold:inf",
-    "garbage_collection_threshold:infinity",
-    "garbage_collection_threshold:-0.5",
-    "garbage_collection_threshold:0.5x",
-    "garbage_collection_threshold:.5",
-    "garbage_collection_threshold:5e-1",
-    "garbage_collection_threshold:1e",
-    "garbage_collection_threshold:0x",
-    "garbage_collection_threshold:0x1p-1",
-    "garbage_collection_threshold:0x1p-1074",
-    "garbage_collection_threshold:0x1p-1022",
-    "garbage_collection_threshold:1e-300",
-    "garbage_collection_threshold:1e-310",
-    "garbage_collection_threshold:2.225073858507201e-308",
-    "garbage_collection_threshold:1e999",
-    "garbage_collection_threshold:1e-99999",
-    "garbage_collection_threshold:0e-999",
-    "garbage_collection_threshold:1_0",
-    "garbage_collection_threshold:0,5",
-    "garbage_collection_threshold:0.5,garbage_collection_threshold:2",
-    "roundup_power2_divisions:4",
-    "roundup_power2_divisions:4x",
-    "roundup_power2_divisions:3",
-    "roundup_power2_divisions:0",
-    "roundup_power2_divisions:-1",
-    "roundup_power2_divisions:]",
-    "roundup_power2_divisions:[256:1,512:2,1024:4,>:8]",
-    "roundup_power2_divisions:[0:4]",
-    "roundup_power2_divisions:[3:4]",
-    "roundup_power2_divisions:[256:3]",
-    "roundup_power2_divisions:[256:0,>:8]",
-    "roundup_power2_divisions:[65536:2]",
-    "roundup_power2_divisions:[>:4]",
-    "roundup_power2_divisions:[>:2,>:4]",
-    "roundup_power2_divisions:[1:1,1:2]",
-    "roundup_power2_divisions:[]",
-    "roundup_power2_divisions:[256:1",
-    "roundup_power2_divisions:[256:1,",
-    "roundup_power2_divisions:[256:1,]",
-    "roundup_power2_divisions:[,256:1]",
-    "roundup_power2_divisions:[:1]",
-    "roundup_power2_divisions:[abc:3]",
-    "roundup_power2_divisions:[abc:4]",
-    "roundup_power2_divisions:[256:1 512:2]",
-    "roundup_power2_divisions:[256,1]",
-    "roundup_power2_divisions:[",
-    "expandable_segments:True",
-    "expandable_segments:False",
-    "expandable_segments:true",
-    "expandable_segments:1",
-    "expandable_segments:[True]",
-    "expandable_segments:True,",
-    "expandable_segments:\tTrue",
-    "expandable_segments:True,expandable_segments:False",
-    "expandable_segments:True garbage_collection_threshold:0.5",
-    "pinned_use_background_threads:True",
-    "pinned_use_background_threads:1",
-    "pinned_max_round_threshold_mb:64",
-    "pinned_max_round_threshold_mb:abc",
-    "pinned_max_cached_size_mb:-1",
-    "pinned_max_cached_size_mb:128,pinned_max_round_threshold_mb:64",
-    "max_split_size_mb:200,garbage_collection_threshold:0.8,expandable_segments:True",
-    "max_split_size_mb:512,roundup_power2_divisions:[256:1,512:2,1024:4,>:8]",
-    ",",
-    ":",
-    "::",
-    "[",
-    "]",
-    # strings from torch's own c10/test/core/AllocatorConfig_test.cpp (seen in the test binary)
-    "large_segment_size_mb:15,max_split_size_mb:20,max_non_split_rounding_mb:40,"
-    "garbage_collection_threshold:0.8",
-    "roundup_power2_divisions:[128:8,256:16,512:1,2048:8,>:2]",
-    "max_split_size_mb:20,large_segment_size_mb:25",
-    "pinned_use_background_threads:False",
-    "expandable_segments:False,",
-]
-
-# Strings with keys the CPU build skips unchecked (device keys and unknown keys).
-SKIPPED_ON_CPU_CORPUS = [
-    "a",
-    "a:b:c",
-    "a:b:c:d",
-    "a:b,,",
-    "a:b,",
-    ",a:b",
-    "foo:bar",
-    "foo:[a,b",
-    "foo:[a,b]",
-    "foo:[",
-    "foo:]",
-    "foo:large_segment_size_mb",
-    "foo:[large_segment_size_mb:30],max_split_size_mb:25",
-    "x:y,expandable_segments:yes",
-    "backend:native",
-    "backend:cudaMallocAsync",
-    "backend:foo",
-    "per_process_memory_fraction:2",
-    "release_lock_on_cudamalloc:yes",
-    "pinned_num_register_threads:0",
-    "pinned_num_register_threads:3",
-]
+def assert_same(text: str, device: str, version: str | None = TORCH) -> None:
+    problem = mismatch(outcome_record(torch_outcome(text)), text, device, version)
+    assert problem is None, problem
 
 
 def test_corpus_is_large_enough() -> None:
@@ -226,9 +54,10 @@ def test_corpus_is_large_enough() -> None:
 
 
 @needs_torch_parser
-@pytest.mark.parametrize("text", CORE_CORPUS + SKIPPED_ON_CPU_CORPUS)
-def test_cpu_rules_match_torch(text: str) -> None:
-    assert_same(text, "cpu")
+@pytest.mark.parametrize("text", CORE_CORPUS + SKIPPED_ON_CPU_CORPUS + DEVICE_CORPUS)
+def test_build_rules_match_torch(text: str) -> None:
+    """The installed build's rules (cpu, cuda, hip or xpu) accept and reject what it does."""
+    assert_same(text, BUILD)
 
 
 @needs_torch_parser
@@ -245,8 +74,8 @@ _PIECES = _KEYS + _VALUES + [":", ",", "[", "]", " "]
 @needs_torch_parser
 @settings(max_examples=400, deadline=None)
 @given(st.lists(st.sampled_from(_PIECES), max_size=12))
-def test_fuzz_cpu_rules_match_torch(pieces: list[str]) -> None:
-    assert_same("".join(pieces), "cpu")
+def test_fuzz_build_rules_match_torch(pieces: list[str]) -> None:
+    assert_same("".join(pieces), BUILD)
 
 
 @needs_torch_parser
@@ -484,7 +313,7 @@ def test_any_divisions_vector_round_trips(divs: list[int]) -> None:
 @needs_torch_parser
 @pytest.mark.parametrize("text", ROUND_TRIP[:12])
 def test_canonical_strings_are_accepted_by_torch(text: str) -> None:
-    assert torch_outcome(parse_config(text).to_string()) is None
+    assert torch_outcome(parse_config(text, BUILD).to_string()) is None
 
 
 def test_snapshot_dict() -> None:

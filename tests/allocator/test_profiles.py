@@ -36,7 +36,7 @@ needs_npu = pytest.mark.skipif(NPU is None, reason="shared/traces/npu not found 
 
 
 def test_registry():
-    assert {"cuda-2.9", "cuda-2.12", "cuda-2.13", "rocm-2.13", "npu", "xpu"} <= set(PROFILES)
+    assert {"cuda-2.9", "cuda-2.12", "cuda-2.13", "cuda-2.14", "rocm-2.13", "npu", "xpu"} <= set(PROFILES)
     for name, p in PROFILES.items():
         assert isinstance(p, Profile) and p.name == name
         assert p.rounding in ROUNDING_RULES and p.policy in ("native", "xpu")
@@ -51,7 +51,10 @@ def test_profile_for_versions():
     assert profile_for("2.9.1", "cuda").name == "cuda-2.9"
     assert profile_for("2.12.0+cu128", "cuda").name == "cuda-2.12"
     assert profile_for((2, 13), "cuda").name == "cuda-2.13"
-    assert profile_for("2.14.0.dev20260101", "cuda").name == "cuda-2.13"
+    assert profile_for("2.14.0.dev20260101", "cuda").name == "cuda-2.14"
+    assert profile_for("2.14.1+cu130", "cuda").name == "cuda-2.14"
+    assert profile_for("2.13.0+cpu", "cuda").name == "cuda-2.13"
+    assert profile_for("2.15.0", "cuda").name == "cuda-2.14"
     assert profile_for("2.13.0", "hip").name == "rocm-2.13"
     assert profile_for("2.6.0", "npu").name == "npu"
     assert profile_for("2.13.0", "xpu").policy == "xpu"

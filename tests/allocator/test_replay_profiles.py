@@ -123,7 +123,7 @@ def _small_trace(settings: EngineSettings, device_type: str = "cuda") -> Trace:
 
 
 @pytest.mark.parametrize("given, name", [
-    (None, "cuda-2.13"), ("cuda", "cuda-2.13"), ("hip", "rocm-2.13"), ("rocm", "rocm-2.13"),
+    (None, "cuda-2.14"), ("cuda", "cuda-2.14"), ("hip", "rocm-2.13"), ("rocm", "rocm-2.13"),
     ("npu", "npu"), ("xpu", "xpu"), ("cuda-2.9", "cuda-2.9"), ("rocm-6", "rocm-6"),
     (PROFILES["cuda-2.12"], "cuda-2.12"),
 ])  # fmt: skip

@@ -1,8 +1,12 @@
-"""``PYTORCH_ALLOC_CONF`` strings: parse them exactly as torch 2.13 does, and format them back.
+"""``PYTORCH_ALLOC_CONF`` strings: parse them exactly as a given torch does, and format them back.
 
 Contract:
 
-- :func:`parse_config` accepts and rejects the same strings as torch 2.13's parser
+- :func:`parse_config` takes the torch version whose rules to apply (``torch="2.13"``,
+  ``"2.14.1+cu130"``; default: the newest, :data:`NEWEST_RULES`); :mod:`.rules` holds one
+  :class:`ParserRules` per measured torch (today 2.13 and 2.14, which parse identically) and
+  :func:`rules_for` picks one, with a clear :class:`ConfigError` for an unreadable version.
+- :func:`parse_config` accepts and rejects the same strings as that torch's parser
   (``c10/core/AllocatorConfig.cpp`` plus, for ``device="cuda"``/``"hip"``, the CUDA parser hook),
   including its leniencies (``max_split_size_mb:100abc`` is 100; ``a:b:c:d`` is two skipped
   entries). Where torch raises a ``ValueError`` with a message, the :class:`ConfigError` we raise
@@ -21,14 +25,15 @@ Contract:
 The parse deliberately walks torch's token stream index by index, because torch's grammar is
 defined by that walk (separators are skipped, not checked), not by a clean BNF.
 
-Modules: ``settings`` (:class:`AllocatorSettings` and the constants), ``grammar`` (the token
-walk, :func:`parse_config`), ``numbers`` (torch-exact ``stoull``/``stod`` and the tokenizer),
+Modules: ``settings`` (:class:`AllocatorSettings` and the constants), ``rules`` (the parser
+rules per torch version), ``grammar`` (the token walk, :func:`parse_config`), ``numbers`` (torch-exact ``stoull``/``stod`` and the tokenizer),
 ``sources`` (settings from the environment or from a memory snapshot).
 """
 
 from __future__ import annotations
 
 from .grammar import CORE_KEYS, CUDA_KEYS, parse_config
+from .rules import NEWEST_RULES, RULES, ParserRules, parse_torch_version, rules_for
 from .settings import (
     CONFIG_VARIABLES,
     DEVICES,
@@ -45,10 +50,15 @@ __all__ = [
     "CUDA_KEYS",
     "DEVICES",
     "MIB",
+    "NEWEST_RULES",
     "ROUNDUP_INTERVALS",
+    "RULES",
     "SIZE_MAX",
     "AllocatorSettings",
+    "ParserRules",
     "parse_config",
+    "parse_torch_version",
+    "rules_for",
     "settings_from_environment",
     "settings_from_snapshot",
 ]

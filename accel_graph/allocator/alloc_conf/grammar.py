@@ -1,44 +1,22 @@
-"""The ``PYTORCH_ALLOC_CONF`` grammar: torch 2.13's token walk, with messages that say what is wrong.
+"""The ``PYTORCH_ALLOC_CONF`` grammar: torch's token walk, with messages that say what is wrong.
 
 :func:`parse_config` is the entry point (the package docstring states the contract);
-:class:`ConfigParser` is one parse of one string for one device.
+:class:`ConfigParser` is one parse of one string for one device under one torch version's
+:class:`~.rules.ParserRules` (the keys each version knows).
 """
 
 from __future__ import annotations
 
 from ...errors import ConfigError
 from .numbers import SEPARATORS, Malformed, NumberError, is_pow2, stod, stoull, tokenize
+from .rules import NEWEST_RULES, RULES, ParserRules, rules_for
 from .settings import DEVICES, MIB, ROUNDUP_INTERVALS, SIZE_MAX, AllocatorSettings
 
 __all__ = ["CORE_KEYS", "CUDA_KEYS", "ConfigParser", "parse_config"]
 
-# Keys of c10::CachingAllocator::AcceleratorAllocatorConfig (every build parses these).
-CORE_KEYS = (
-    "large_segment_size_mb",
-    "max_split_size_mb",
-    "max_non_split_rounding_mb",
-    "garbage_collection_threshold",
-    "roundup_power2_divisions",
-    "expandable_segments",
-    "pinned_use_background_threads",
-    "pinned_max_round_threshold_mb",
-    "pinned_max_cached_size_mb",
-)
-# Keys the CUDA/ROCm hook registers (CUDAAllocatorConfig::getKeys in 2.13). Both spellings of
-# the cuda/hip pairs are accepted on both builds: torch breaks the strings up to dodge hipify.
-CUDA_KEYS = (
-    "backend",
-    "release_lock_on_cudamalloc",
-    "release_lock_on_hipmalloc",
-    "pinned_use_cuda_host_register",
-    "pinned_use_hip_host_register",
-    "pinned_num_register_threads",
-    "pinned_reserve_segment_size_mb",
-    "graph_capture_record_stream_reuse",
-    "per_process_memory_fraction",
-    "pinned_free_catch_all",
-    "throw_on_cudamalloc_oom",
-)
+#: The newest rules' keys (per-version key sets live in :mod:`.rules`).
+CORE_KEYS = RULES[NEWEST_RULES].core_keys
+CUDA_KEYS = RULES[NEWEST_RULES].cuda_keys
 _MAX_PINNED_REGISTER_THREADS = 128
 
 _LEGAL = {
@@ -70,9 +48,10 @@ def legal_values(key: str, device: str) -> str:
 class ConfigParser:
     """One parse of one string for one device: torch's token walk with our error messages."""
 
-    def __init__(self, text: str, device: str) -> None:
+    def __init__(self, text: str, device: str, rules: ParserRules | None = None) -> None:
         self.text = text
         self.device = device
+        self.rules = rules_for(rules)
         self.tokens = tokenize(text)
         self.key = ""
         self.values: dict[str, object] = {}
@@ -238,9 +217,9 @@ class ConfigParser:
                 i = self.parse_large_segment(i)
             i += 1
         self.values["max_non_split_rounding_size"] = self.values["large_segment_size"]
-        known = set(CORE_KEYS)
+        known = set(self.rules.core_keys)
         if self.device in ("cuda", "hip"):
-            known.update(CUDA_KEYS)
+            known.update(self.rules.cuda_keys)
         i = 0
         while i < n:
             key = self.tokens[i]
@@ -268,7 +247,9 @@ class ConfigParser:
             i += 1
 
     def unrecognized(self, key: str) -> ConfigError:
-        keys = list(CORE_KEYS) + (list(CUDA_KEYS) if self.device in ("cuda", "hip") else [])
+        keys = list(self.rules.core_keys) + (
+            list(self.rules.cuda_keys) if self.device in ("cuda", "hip") else []
+        )
         hint = " (a stray separator where a key was expected)" if key in SEPARATORS else ""
         err = ConfigError(
             f"invalid allocator config {self.text!r}: Unrecognized key '{key}' in Accelerator "
@@ -366,16 +347,24 @@ class ConfigParser:
                 self.device_pass()
         except Malformed as e:
             raise self.malformed(e.args[0]) from None
-        return AllocatorSettings(device=self.device, text=self.text, **self.values)  # type: ignore[arg-type]
+        return AllocatorSettings(
+            device=self.device, text=self.text, rules=self.rules.name, **self.values  # type: ignore[arg-type]
+        )
 
-def parse_config(text: str, device: str = "cuda") -> AllocatorSettings:
-    """Parse an allocator config string the way torch 2.13 does on a ``device`` build.
 
-    Raises :class:`ConfigError` (a ``ValueError``) naming the offending key (also as
-    ``err.key``) and the legal values; nothing is partially applied.
+def parse_config(
+    text: str, device: str = "cuda", torch: str | tuple[int, int] | ParserRules | None = None
+) -> AllocatorSettings:
+    """Parse an allocator config string the way torch ``torch`` does on a ``device`` build.
+
+    ``torch``: a version (``"2.13"``, ``"2.14.1+cu130"``, ``(2, 14)``), a
+    :class:`~.rules.ParserRules`, or None for the newest rules (:func:`~.rules.rules_for`);
+    the result's ``rules`` field names the rules applied. Raises :class:`ConfigError` (a
+    ``ValueError``) naming the offending key (also as ``err.key``) and the legal values, or
+    saying which torch versions have rules; nothing is partially applied.
     """
     if not isinstance(text, str):
         raise ConfigError(f"an allocator config must be a str, got {type(text).__name__}")
     if device not in DEVICES:
         raise ConfigError(f"device must be one of {', '.join(DEVICES)}; got {device!r}")
-    return ConfigParser(text, device).run()
+    return ConfigParser(text, device, rules_for(torch)).run()

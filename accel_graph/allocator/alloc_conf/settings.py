@@ -32,7 +32,8 @@ class AllocatorSettings:
     """Parsed caching-allocator settings; sizes are bytes, ``None`` means unlimited.
 
     Field defaults are torch 2.13's defaults. ``max_non_split_rounding_size`` defaults to the
-    large segment size. ``text`` is the string the settings came from (not compared).
+    large segment size. ``text`` is the string the settings came from and ``rules`` the torch
+    parser rules that read it (neither is compared).
     """
 
     device: str = "cuda"
@@ -55,6 +56,8 @@ class AllocatorSettings:
     pinned_free_catch_all: bool = False
     throw_on_cudamalloc_oom: bool = False
     text: str = field(default="", compare=False)
+    #: the torch parser rules (:mod:`.rules`) that produced these settings; not compared.
+    rules: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:

@@ -8,46 +8,53 @@ from collections.abc import Mapping
 from ...errors import ConfigError
 from .grammar import parse_config
 from .numbers import is_pow2
+from .rules import ParserRules, rules_for
 from .settings import CONFIG_VARIABLES, ROUNDUP_INTERVALS, AllocatorSettings
 
 __all__ = ["settings_from_environment", "settings_from_snapshot"]
 
 
 def settings_from_environment(
-    environ: Mapping[str, str] | None = None, device: str = "cuda"
+    environ: Mapping[str, str] | None = None,
+    device: str = "cuda",
+    torch: str | tuple[int, int] | ParserRules | None = None,
 ) -> tuple[AllocatorSettings, str | None]:
     """Settings from the first of ``CONFIG_VARIABLES`` that is set, and that variable's name.
 
     The first variable that is present wins whole, even when empty; the others are not read
     and nothing is merged (checked on torch 2.13). Returns default settings and ``None`` when
-    none is set. A bad string raises :class:`ConfigError` naming the variable.
+    none is set. A bad string raises :class:`ConfigError` naming the variable. ``torch``
+    chooses the parser rules as in :func:`~.grammar.parse_config`.
     """
     env = os.environ if environ is None else environ
     for name in CONFIG_VARIABLES:
         if name in env:
             try:
-                return parse_config(env[name], device), name
+                return parse_config(env[name], device, torch), name
             except ConfigError as e:
                 err = ConfigError(f"{name}: {e}")
                 err.key = getattr(e, "key", None)  # type: ignore[attr-defined]
                 raise err from None
-    return AllocatorSettings(device=device), None
+    return AllocatorSettings(device=device, rules=rules_for(torch).name), None
 
 
 def settings_from_snapshot(
-    allocator_settings: Mapping[str, object], device: str = "cuda"
+    allocator_settings: Mapping[str, object],
+    device: str = "cuda",
+    torch: str | tuple[int, int] | ParserRules | None = None,
 ) -> AllocatorSettings:
     """The settings a memory snapshot says it was recorded with.
 
     Uses the recorded raw string (``"PYTORCH_CUDA_ALLOC_CONF"``) when it is there and parses;
     otherwise the individual fields torch writes (``max_split_size`` with -1 for unlimited, the
     divisions keyed "1" ... "32768", ...). Fields torch does not write keep their defaults.
-    Raises :class:`ConfigError` for values of the wrong type.
+    Raises :class:`ConfigError` for values of the wrong type. ``torch`` chooses the parser
+    rules for the recorded string as in :func:`~.grammar.parse_config`.
     """
     raw = allocator_settings.get("PYTORCH_CUDA_ALLOC_CONF")
     if isinstance(raw, str) and raw:
         try:
-            return parse_config(raw, device)
+            return parse_config(raw, device, torch)
         except ConfigError:
             pass  # a string torch accepted on another build; fall back to the fields
     values: dict[str, object] = {}
@@ -91,4 +98,5 @@ def settings_from_snapshot(
                 )
             divs[index] = v
         values["roundup_power2_divisions"] = tuple(divs)
-    return AllocatorSettings(device=device, text=raw if isinstance(raw, str) else "", **values)  # type: ignore[arg-type]
+    return AllocatorSettings(device=device, text=raw if isinstance(raw, str) else "",
+                             rules=rules_for(torch).name, **values)  # type: ignore[arg-type]

@@ -235,7 +235,7 @@ _add(
 _add(
     Profile(
         name="cuda-2.13",
-        torch_versions=((2, 13), (2, 99)),
+        torch_versions=((2, 13), (2, 13)),
         device="cuda",
         policy="native",
         notes=(
@@ -244,6 +244,32 @@ _add(
             "throw_on_cudamalloc_oom and pinned_free_catch_all added. " + _ENGINE_213
         ),
         references=("pytorch/pytorch#193400", "torch-internals.md 4"),
+    )
+)
+_add(
+    Profile(
+        name="cuda-2.14",
+        torch_versions=((2, 14), (2, 99)),
+        device="cuda",
+        policy="native",
+        notes=(
+            _ES_NOTE
+            + "torch 2.14.1's caching allocator as read off its wheel: the same config keys, "
+            "values and errors as 2.13 (1,249 strings recorded from both, "
+            "docs/allocator-config.md), and a byte-identical shipped AllocatorConfig.h, which "
+            "holds the sizing constants (kMinBlockSize, kSmallSize, kSmallBuffer, kMinLargeAlloc, "
+            "kRoundLarge). The allocator's .cpp is not in the wheel: the algorithm is assumed "
+            "unchanged from 2.13 (the pytorch#193400 numbers above include 2.14). "
+            "What 2.14 adds is outside the replay: an 'annotate' trace action and "
+            "host_segments/host_traces (pinned host memory) in snapshots, per-thread memory "
+            "metadata, and the expandable-segments handle type now defaulting to UNSPECIFIED on "
+            "every CUDA version. Releases after 2.14 are assumed to match. " + _ENGINE_213
+        ),
+        references=(
+            "docs/allocator-config.md (torch 2.14 vs 2.13)",
+            "torch 2.14.1 wheel: include/c10/cuda/CUDAAllocatorConfig.h, CUDACachingAllocator.h",
+            "pytorch/pytorch#193400",
+        ),
     )
 )
 _add(
@@ -334,7 +360,7 @@ _add(
 )
 
 #: Newest profile per device, used by profile_for when several cover a version.
-_DEFAULT_ORDER = ("cuda-2.13", "cuda-2.12", "cuda-2.9", "rocm-2.13", "npu", "xpu")
+_DEFAULT_ORDER = ("cuda-2.14", "cuda-2.13", "cuda-2.12", "cuda-2.9", "rocm-2.13", "npu", "xpu")
 _DEVICE_ALIASES = {"cuda": "cuda", "rocm": "rocm", "hip": "rocm", "npu": "npu", "xpu": "xpu"}
 
 

@@ -1,8 +1,8 @@
 """What-if simulation: one recorded trace replayed under another allocator configuration.
 
 The library side of ``accel-alloc simulate``/``tune``/``diff``/``plot``. A :class:`Scenario` is
-a config string (PyTorch's ``PYTORCH_ALLOC_CONF`` grammar, parsed exactly as torch 2.13 does),
-a profile (torch version x device, :mod:`accel_graph.allocator.sim.profiles`), an engine policy and
+a config string (PyTorch's ``PYTORCH_ALLOC_CONF`` grammar, parsed exactly as the chosen torch
+version does: :mod:`accel_graph.allocator.alloc_conf.rules`), a profile (torch version x device, :mod:`accel_graph.allocator.sim.profiles`), an engine policy and
 an optional device capacity. :func:`simulate` replays the trace under it with
 :func:`~accel_graph.allocator.sim.replayer.replay_trace` (one C call for the whole trace) and returns a
 :class:`SimResult` whose :meth:`SimResult.to_json` is the stable JSON schema of
@@ -20,7 +20,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...errors import CapacityError, UnsupportedTraceError
-from ..alloc_conf import AllocatorSettings, parse_config, settings_from_snapshot
+from ..alloc_conf import (
+    AllocatorSettings,
+    ParserRules,
+    parse_config,
+    parse_torch_version,
+    rules_for,
+    settings_from_snapshot,
+)
 from ..core.settings import POLICIES, EngineSettings
 from ..traces.actions import A_ALLOC
 from ..units import fmt_bytes
@@ -33,6 +40,7 @@ __all__ = [
     "SimResult",
     "largest_request",
     "make_scenario",
+    "profile_rules",
     "recorded_settings",
     "scenario_profile",
     "simulate",
@@ -40,7 +48,7 @@ __all__ = [
 ]
 
 #: Newest torch minor the profiles describe; the default profile for a trace is the newest one.
-_NEWEST = (2, 13)
+_NEWEST = (2, 14)
 #: config.py's device vocabulary (parse_config's ``device``) for each profile device.
 CONFIG_DEVICE = {"cuda": "cuda", "rocm": "hip", "npu": "cuda", "xpu": "xpu"}
 
@@ -52,7 +60,9 @@ class Scenario:
     ``config``: the canonical config string (``""`` = torch's defaults), or None for "the
     settings the trace was recorded with". ``settings``: the parsed form (for ``config=None``
     the recorded settings, as :func:`make_scenario` read them; None: read them at replay).
-    ``notes``: what the profile ignores or changes about this config.
+    ``notes``: what the profile ignores or changes about this config. ``rules``: the torch
+    config-parser rules the config (or the recorded one) was read with, and ``rules_chosen_by``
+    why those (an explicit torch version, or the profile's newest torch).
     """
 
     config: str | None
@@ -61,6 +71,8 @@ class Scenario:
     policy: str
     cap: int | None = None
     notes: tuple[str, ...] = ()
+    rules: str = ""
+    rules_chosen_by: str = ""
 
     @property
     def label(self) -> str:
@@ -70,15 +82,18 @@ class Scenario:
 
     def describe(self) -> dict[str, Any]:
         return {"config": self.config, "label": self.label, "profile": self.profile.name,
-                "policy": self.policy, "cap": self.cap, "notes": list(self.notes)}
+                "policy": self.policy, "cap": self.cap, "notes": list(self.notes),
+                "config_rules": {"torch": self.rules, "chosen_by": self.rules_chosen_by}}
 
 
-def recorded_settings(trace: Any, device: int | None = None) -> AllocatorSettings:
+def recorded_settings(trace: Any, device: int | None = None,
+                      rules: str | ParserRules | None = None) -> AllocatorSettings:
     """The settings the trace says it was recorded with (defaults when it says nothing), with
     ``expandable_segments`` set when a final segment of ``device`` (any device when None) is
-    expandable (NPU files record no settings; one file may hold devices recorded differently)."""
+    expandable (NPU files record no settings; one file may hold devices recorded differently).
+    ``rules``: the torch parser rules for the recorded string (default: the newest)."""
     kind = CONFIG_DEVICE.get(trace.device_type or "cuda", "cuda")
-    s = settings_from_snapshot(trace.allocator_settings or {}, kind)
+    s = settings_from_snapshot(trace.allocator_settings or {}, kind, rules)
     if not s.expandable_segments and any(
             seg.get("is_expandable") for seg in trace.segments
             if device is None or seg.get("device", 0) == device):
@@ -111,19 +126,45 @@ def scenario_profile(trace: Any, profile: str | _profiles.Profile | None) -> _pr
         ) from None
 
 
+def profile_rules(prof: _profiles.Profile) -> ParserRules:
+    """The config-parser rules of the newest torch ``prof`` describes (cuda-2.13: 2.13)."""
+    return rules_for(prof.torch_versions[1])
+
+
 def make_scenario(trace: Any, config: str | None = None, *, policy: str | None = None,
                   profile: str | _profiles.Profile | None = None, cap: int | None = None,
-                  device: int = 0) -> Scenario:
+                  device: int = 0, torch: str | tuple[int, int] | None = None) -> Scenario:
     """Check and resolve one configuration for ``trace``.
 
-    Raises :class:`ConfigError` for a config string torch would reject on the profile's device,
-    :class:`UnsupportedTraceError` for an unknown profile or policy or the ``cudaMallocAsync``
-    backend, :class:`CapacityError` for a ``cap`` below the largest request or a memory fraction
+    ``torch``: the torch version the trace ran under (``"2.13"``, ``"2.14.1+cu130"``), when
+    known: it picks the config-parser rules and, without ``profile``, the profile of that
+    version. Without it the rules are those of the profile's newest torch.
+
+    Raises :class:`ConfigError` for a config string torch would reject on the profile's device
+    or an unreadable ``torch``, :class:`UnsupportedTraceError` for an unknown profile or
+    policy, a torch no profile covers, or the ``cudaMallocAsync`` backend,
+    :class:`CapacityError` for a ``cap`` below the largest request or a memory fraction
     without a cap.
     """
-    prof = scenario_profile(trace, profile)
-    pol = policy or prof.policy
     notes: list[str] = []
+    if torch is not None:
+        version = parse_torch_version(torch)
+        rules = rules_for(version)
+        chosen_by = f"torch {version[0]}.{version[1]} given"
+        if profile is None:
+            try:
+                profile = _profiles.profile_for(version, trace.device_type or "cuda")
+            except ValueError as e:
+                raise UnsupportedTraceError(f"{e}; pass --profile to choose one") from None
+    prof = scenario_profile(trace, profile)
+    if torch is None:
+        rules = profile_rules(prof)
+        chosen_by = f"profile {prof.name} (torch {_range_text(prof)})"
+    elif not prof.covers(version):
+        notes.append(f"profile {prof.name} describes torch {_range_text(prof)}, not the torch "
+                     f"{version[0]}.{version[1]} given: configs are read with torch "
+                     f"{rules.name}'s rules, the replay follows the profile")
+    pol = policy or prof.policy
     if profile is None and trace.device_type is None:
         notes.append("the trace does not say which device recorded it; simulated with the CUDA "
                      f"profile {prof.name} (pass --device-type or --profile to choose)")
@@ -132,7 +173,7 @@ def make_scenario(trace: Any, config: str | None = None, *, policy: str | None =
     settings: AllocatorSettings | None = None
     canonical: str | None = None
     if config is not None:
-        settings = parse_config(config, CONFIG_DEVICE.get(prof.device, "cuda"))
+        settings = parse_config(config, CONFIG_DEVICE.get(prof.device, "cuda"), rules)
         canonical = settings.to_string()
         if settings.backend != "native":
             raise UnsupportedTraceError(
@@ -153,7 +194,7 @@ def make_scenario(trace: Any, config: str | None = None, *, policy: str | None =
             notes.append("garbage_collection_threshold acts only with per_process_memory_fraction "
                          "set (pytorch#106660): no effect here")
     if config is None:  # the recorded settings, read once for every replay of this scenario
-        settings = recorded_settings(trace, device)
+        settings = recorded_settings(trace, device, rules)
         if settings.backend != "native":
             notes.append(
                 f"the trace was recorded with backend:{settings.backend} (the driver's "
@@ -173,7 +214,13 @@ def make_scenario(trace: Any, config: str | None = None, *, policy: str | None =
                 f"allocation ({fmt_bytes(need)}, {need} bytes); "
                 "no configuration can run this trace there: raise the cap"
             )
-    return Scenario(canonical, settings, prof, pol, cap, tuple(notes))
+    return Scenario(canonical, settings, prof, pol, cap, tuple(notes), rules.name, chosen_by)
+
+
+def _range_text(prof: _profiles.Profile) -> str:
+    (a, b), (c, d) = prof.torch_versions
+    return f"{a}.{b} or later" if d >= 99 else (f"{a}.{b}" if (a, b) == (c, d)
+                                                 else f"{a}.{b}-{c}.{d}")
 
 
 def top_level_entries(text: str) -> list[str]:
@@ -225,7 +272,7 @@ class SimResult(Figures):
 def engine_settings(scenario: Scenario, trace: Any, device: int | None = None) -> EngineSettings:
     """The :class:`EngineSettings` a scenario replays with (cap and capacity included)."""
     parsed = (scenario.settings if scenario.settings is not None
-              else recorded_settings(trace, device))
+              else recorded_settings(trace, device, scenario.rules or None))
     overrides: dict[str, Any] = {}
     if scenario.cap is not None:
         overrides["cap"] = scenario.cap

@@ -175,6 +175,9 @@ class TuneResult:
     #: warning-free one within :data:`WARNING_FREE_SLACK` was recommended instead: its
     #: ``config``, warning ``codes`` and ``peak_difference`` (bytes the recommendation gives up)
     passed_over: dict[str, Any] | None = None
+    #: the torch config-parser rules the configs were read with and why: ``{"torch": "2.14",
+    #: "chosen_by": ...}`` (:class:`~..sim.scenario.Scenario`'s ``rules``/``rules_chosen_by``)
+    config_rules: dict[str, str] | None = None
 
     @property
     def evaluated(self) -> int:
@@ -219,7 +222,7 @@ def tune(trace: Any, *, objective: str = "peak", cap: int | None = None,
          profile: str | _profiles.Profile | None = None, budget: int = DEFAULT_BUDGET,
          progress: Callable[[int, int], None] | None = None, device: int = 0, jobs: int = 1,
          seed: int = 0, compare_policies: bool = True, peak: str = "recording",
-         uses: tuple[str, ...] = ()) -> TuneResult:
+         uses: tuple[str, ...] = (), torch: str | None = None) -> TuneResult:
     """Search allocator settings for one device of ``trace``.
 
     ``objective``: ``peak``, ``mallocs`` or ``pareto``; ``cap``: device size in bytes (enables
@@ -232,7 +235,9 @@ def tune(trace: Any, *, objective: str = "peak", cap: int | None = None,
     included; :data:`~.ranking.PEAK_SCOPES`); ``uses``: the program's features that conflict
     with expandable segments (:data:`~.advice.USES`), for the high-severity warnings that keep a
     configuration from being recommended when a warning-free one is within
-    :data:`WARNING_FREE_SLACK` of it. Raises :class:`~accel_graph.errors.UnsupportedTraceError` (unknown
+    :data:`WARNING_FREE_SLACK` of it; ``torch``: the trace's torch version when known (picks
+    the config rules and, without ``profile``, the profile: :func:`~..sim.scenario.make_scenario`).
+    Raises :class:`~accel_graph.errors.UnsupportedTraceError` (unknown
     profile, no events), :class:`~accel_graph.errors.CapacityError` (``cap`` below the
     largest allocation, or no ``cap`` for a trace recorded with a memory fraction) and
     ``ValueError`` for a bad objective or budget.
@@ -250,7 +255,8 @@ def tune(trace: Any, *, objective: str = "peak", cap: int | None = None,
     t0 = time.perf_counter()
     if not len(trace.events(device)):
         raise UnsupportedTraceError(f"the trace has no events for device {device}")
-    base_sc = make_scenario(trace, None, profile=profile, cap=cap, device=device)  # checks cap
+    base_sc = make_scenario(trace, None, profile=profile, cap=cap, device=device,  # checks cap
+                            torch=torch)
     space = build_space(trace, base_sc.profile, cap)
     pol = space.policy
     rec = recorded_settings(trace, device)
@@ -409,6 +415,7 @@ def tune(trace: Any, *, objective: str = "peak", cap: int | None = None,
         space_size=len(search_space(trace, space.profile, cap)),
         seconds=time.perf_counter() - t0, private_pools=private,
         peak_scope=peak, passed_over=passed_over,
+        config_rules={"torch": base_sc.rules, "chosen_by": base_sc.rules_chosen_by},
     )
 
 

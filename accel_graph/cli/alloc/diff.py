@@ -96,12 +96,13 @@ def change(a: Any, b: Any, kind: str = "count") -> dict[str, Any]:
 
 
 def _side(trace: Any, path: str, device: int, config: str | None, profile: str | None,
-          policy: str | None, cap: int | None) -> tuple[dict[str, Any], dict[str, Any]]:
+          policy: str | None, cap: int | None, torch: str | None = None,
+          ) -> tuple[dict[str, Any], dict[str, Any]]:
     from ...allocator.sim.scenario import make_scenario, simulate
     from ...allocator.sim.trace_ops import recorded_summary
 
     sc = guarded(lambda: make_scenario(trace, config, policy=policy, profile=profile, cap=cap,
-                                       device=device))
+                                       device=device, torch=torch))
     sim = guarded(lambda: simulate(trace, sc, device=device)).to_json()
     info = {"trace": path, "device": device, "device_type": trace.device_type,
             "scenario": sc.describe(), "recorded": recorded_summary(trace, device),
@@ -124,9 +125,10 @@ def diff_payload(args: argparse.Namespace) -> dict[str, Any]:
         dev_b = pick_device(trace_b, args.device)
     cfg_a = _config(args.config)
     cfg_b = _config(args.config_b) if args.config_b is not None else cfg_a
-    a, sim_a = _side(trace_a, args.trace, dev_a, cfg_a, args.profile, args.policy, args.cap)
+    a, sim_a = _side(trace_a, args.trace, dev_a, cfg_a, args.profile, args.policy, args.cap,
+                     args.torch)
     b, sim_b = _side(trace_b, path_b, dev_b, cfg_b, args.profile_b or args.profile,
-                     args.policy_b or args.policy, args.cap)
+                     args.policy_b or args.policy, args.cap, args.torch)
     metrics = {name: change(sim_a[key], sim_b[key], kind)
                for name, (key, kind) in METRICS.items()}
     recorded = {name: change(a["recorded"][name], b["recorded"][name], kind)
@@ -183,7 +185,9 @@ def _describe(side: dict[str, Any]) -> str:
     sc = side["scenario"]
     return (f"{side['trace']} device {side['device']} ({side['device_type'] or 'unknown'}), "
             f"config {sc['label']}, profile {sc['profile']}, policy {sc['policy']}"
-            + (f", cap {fmt_bytes(sc['cap'])}" if sc["cap"] else ""))
+            + (f", cap {fmt_bytes(sc['cap'])}" if sc["cap"] else "")
+            + (f", torch {sc['config_rules']['torch']} config rules"
+               if sc.get("config_rules") else ""))
 
 
 def render(payload: dict[str, Any]) -> str:

@@ -45,7 +45,8 @@ def scenario_from_args(args: argparse.Namespace, trace: Any, config: Any = FROM_
 
     text = config_text(args.config if config is FROM_ARGS else config)
     return guarded(lambda: make_scenario(
-        trace, text, policy=args.policy, profile=args.profile, cap=args.cap, device=device))
+        trace, text, policy=args.policy, profile=args.profile, cap=args.cap, device=device,
+        torch=getattr(args, "torch", None)))
 
 
 def load_input(path: str, device_type: str | None = None) -> Any:

@@ -8,7 +8,7 @@ code   meaning
 =====  ==========================================================================================
 0      success
 1      a check failed: ``validate --max-error`` exceeded, ``diff --fail-above`` regression gate
-2      usage error (unknown option, missing argument; argparse's own code)
+2      usage error (unknown option, missing argument, bad --torch; argparse's own code)
 3      a config string PyTorch would reject (unknown key, bad value, bad separator)
 4      a trace file that cannot be read: missing, empty, truncated, corrupt, hostile (pickle
        globals, memo bombs, objects out of proportion to the file), wrong types, absurd sizes
@@ -53,6 +53,8 @@ __all__ = [
     "add_trace_options",
     "guarded",
     "parse_size",
+    "rules_line",
+    "torch_version",
     "warn",
 ]
 
@@ -168,11 +170,31 @@ def add_scenario_options(parser: argparse.ArgumentParser, *, config_required: bo
 
 
 def add_profile_option(parser: argparse.ArgumentParser) -> None:
-    """``--profile NAME``: the torch version x device profile to simulate."""
+    """``--profile NAME`` (the torch version x device profile to simulate) and ``--torch X.Y``
+    (the torch the trace ran under: picks the config-parser rules and the default profile)."""
     parser.add_argument("--profile", default=None, metavar="NAME",
-                        help="torch version x device profile, e.g. cuda-2.13, cuda-2.9, rocm-2.13, "
-                        "npu, xpu (default: from the trace's device type, newest torch); "
-                        "`accel-alloc simulate --list-profiles` lists them")
+                        help="torch version x device profile, e.g. cuda-2.14, cuda-2.13, cuda-2.9, "
+                        "rocm-2.13, npu, xpu (default: from --torch, else the trace's device "
+                        "type, newest torch); `accel-alloc simulate --list-profiles` lists them")
+    parser.add_argument("--torch", type=torch_version, default=None, metavar="X.Y",
+                        help="the torch version the trace ran under, e.g. 2.13 or 2.14.1: read "
+                        "configs with that torch's PYTORCH_ALLOC_CONF rules and, without "
+                        "--profile, simulate its profile (default: the newest torch, which every "
+                        "trace's evidence allows)")
+
+
+def torch_version(text: str) -> str:
+    """``--torch``'s type: ``"2.14.1+cu130"`` -> ``"2.14"``; an argparse error (exit 2) naming the
+    accepted forms and the known rules otherwise."""
+    from ...allocator.alloc_conf import parse_torch_version, rules_for
+    from ...errors import ConfigError
+
+    try:
+        rules_for(text)
+        major, minor = parse_torch_version(text)
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return f"{major}.{minor}"
 
 
 def add_cap_option(parser: argparse.ArgumentParser, role: str = (
@@ -202,6 +224,15 @@ def guarded(fn: Any) -> Any:
 
 
 # ---------------------------------------------------------------------------------------------
+
+def rules_line(rules: dict[str, str] | None) -> str:
+    """The human line saying which torch's PYTORCH_ALLOC_CONF rules read the configs."""
+    if not rules:
+        return "config rules: unknown"
+    return (f"config rules: torch {rules['torch']}'s PYTORCH_ALLOC_CONF parser (chosen by "
+            f"{rules['chosen_by']}; --torch X.Y sets the trace's torch)")
+
+
 
 def warn(message: str) -> None:
     """A warning line on stderr (never mixed into ``--json`` output on stdout)."""

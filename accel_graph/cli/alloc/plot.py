@@ -107,13 +107,14 @@ def build_series(trace: Any, args: argparse.Namespace, device: int,
         cfg = config_text(cfg)
         sc = guarded(lambda cfg=cfg: make_scenario(trace, cfg, policy=args.policy,
                                                    profile=args.profile, cap=args.cap,
-                                                   device=device))
+                                                   device=device, torch=args.torch))
         sim = guarded(lambda sc=sc: simulate(trace, sc, device=device, keep_events=True,
                                              keep_layout=keep_layout))
         tl = simulated_timeline(sim, trace)
         series.append({
             "kind": "simulated", "label": sc.label, "config": sc.config,
             "profile": sc.profile.name, "policy": sc.policy, "cap": sc.cap,
+            "config_rules": sc.describe()["config_rules"],
             "timeline": tl, "peak_reserved": sim.peak_reserved,
             "peak_allocated": sim.peak_allocated, "peak_requested": tl.peak_allocated,
             "final_reserved": sim.final_reserved, "device_mallocs": sim.device_mallocs,
@@ -128,7 +129,7 @@ def build_series(trace: Any, args: argparse.Namespace, device: int,
         rec = recorded_summary(trace, device)
         series.append({
             "kind": "recorded", "label": "recorded", "config": None, "profile": None,
-            "policy": None, "cap": None, "timeline": tl,
+            "policy": None, "cap": None, "config_rules": None, "timeline": tl,
             "peak_reserved": rec["peak_reserved"], "peak_allocated": None,
             "peak_requested": tl.peak_allocated, "final_reserved": rec["final_reserved"],
             "device_mallocs": rec["segment_alloc"], "segment_maps": rec["segment_map"],

@@ -28,6 +28,7 @@ from .options import (
     add_scenario_options,
     add_trace_options,
     guarded,
+    rules_line,
 )
 
 
@@ -173,7 +174,8 @@ def render(payload: dict[str, Any]) -> str:
     head = (f"{payload['trace']}: device {p['device']} ({payload.get('device_type') or 'unknown'}), "
             f"config {p['label']}, profile {p['profile']}, policy {p['policy']}"
             + (f", cap {fmt_bytes(p['cap'])}" if p["cap"] else ""))
-    lines = [head, "", format_table(["", "simulated", "recorded (its own settings)"], rows, align="lrr")]
+    lines = [head, rules_line(p.get("config_rules")), "",
+             format_table(["", "simulated", "recorded (its own settings)"], rows, align="lrr")]
     if p.get("fits") is not None:
         lines.append(
             f"fits in {fmt_bytes(p['cap'])}: " + (

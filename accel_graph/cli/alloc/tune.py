@@ -115,7 +115,8 @@ def tune_payload(trace: Any, args: argparse.Namespace, device: int, uses: tuple[
         result = guarded(lambda: tune(trace, objective=args.objective, cap=args.cap,
                                       profile=args.profile, budget=args.budget, progress=bar,
                                       device=device, jobs=args.jobs,
-                                      peak=getattr(args, "peak", "recording"), uses=uses))
+                                      peak=getattr(args, "peak", "recording"), uses=uses,
+                                      torch=getattr(args, "torch", None)))
     finally:
         bar.close()
     from ...allocator.tune.versions import infer_torch
@@ -196,6 +197,7 @@ def result_payload(result: Any, *, trace: str, device_type: str | None, top: int
         "assumed": f"{lo[0]}.{lo[1]}" + (" or later" if hi[1] >= 99 else f"-{hi[0]}.{hi[1]}"),
         "profile": prof.name,
         "trace": trace_torch,
+        "config_rules": result.config_rules,
     }
     acc = result.accuracy
     recommendation = {
@@ -350,6 +352,10 @@ def render(p: dict[str, Any]) -> str:
                      + (f"torch {seen} or later" if seen else "no torch version")
                      + (f" ({'; '.join(t['trace']['evidence'])})" if t["trace"]["evidence"]
                         else ""))
+        if t.get("config_rules"):
+            lines.append(f"  configs read with torch {t['config_rules']['torch']}'s "
+                         f"PYTORCH_ALLOC_CONF rules (chosen by {t['config_rules']['chosen_by']}; "
+                         "--torch X.Y sets the trace's torch)")
     po = r.get("passed_over")
     if po:
         lines.append(f"  preferred over {po['label']} (ranked first, {fmt_signed_bytes(po['peak_difference'])} "

@@ -24,6 +24,7 @@ from .options import (
     add_profile_option,
     add_trace_options,
     guarded,
+    rules_line,
 )
 
 _COUNTS = ("segment_alloc", "segment_free", "segment_map", "segment_unmap")
@@ -61,12 +62,12 @@ def _segment_sizes(trace: Any, device: int, replayed: np.ndarray) -> dict[str, A
 
 
 def validate_payload(trace: Any, device: int, profile: str | None,
-                     cap: int | None = None) -> dict[str, Any]:
+                     cap: int | None = None, torch: str | None = None) -> dict[str, Any]:
     from ...allocator.sim.scenario import make_scenario, simulate
     from ...allocator.sim.trace_ops import recorded_summary
 
     scenario = guarded(lambda: make_scenario(trace, None, profile=profile, cap=cap,
-                                             device=device))
+                                             device=device, torch=torch))
     result = guarded(lambda: simulate(trace, scenario, device=device))
     sim = result.to_json()
     rec = recorded_summary(trace, device)
@@ -108,7 +109,7 @@ def validate_payload(trace: Any, device: int, profile: str | None,
 def run(args: argparse.Namespace) -> int:
     trace = load_input(args.trace, args.device_type)
     device = pick_device(trace, args.device)
-    body = validate_payload(trace, device, args.profile, args.cap)
+    body = validate_payload(trace, device, args.profile, args.cap, args.torch)
     peak = body["metrics"]["peak_reserved"]
     rel = peak["relative_error"]
     # an error that cannot be measured (nothing recorded to compare with) fails the gate
@@ -134,6 +135,7 @@ def render(payload: dict[str, Any]) -> str:
     lines = [
         f"{payload['trace']}: device {payload['device']} ({payload.get('device_type') or 'unknown'}), "
         f"recorded settings {sc['label']}, profile {sc['profile']}",
+        rules_line(sc.get("config_rules")),
         "",
         format_table(["metric", "simulated", "recorded", "error", "relative"], rows, align="lrrrr"),
         "",
