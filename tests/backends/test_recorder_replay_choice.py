@@ -320,7 +320,7 @@ def test_hazard_analysis_of_a_pure_program_and_a_reuse_of_pool_memory() -> None:
         b = a.relu_()  # an in-place write into memory the program allocated: harmless
         (b + 1).neg()
     assert replay_choice.instantiation_hazard(g._impl._frozen_steps) is None
-    ext = replay_choice._Extents()
+    ext = replay_choice.Extents()
     from accel_graph.backends.recorder.pool_protocol import PoolRef
 
     f32 = torch.float32

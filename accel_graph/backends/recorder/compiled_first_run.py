@@ -33,7 +33,7 @@ from .capture import Step
 from .pool_protocol import GraphPool, PoolRef
 from .program import CONTROL_KINDS
 from .pytree import tree_flatten
-from .replay_choice import _Extents, _written
+from .replay_choice import Extents, written_args
 
 __all__ = ["FirstRun", "UndoPlan", "undo_plan"]
 
@@ -88,7 +88,7 @@ def undo_plan(steps: list[Step], device_type: str, index: int | None = None) -> 
     the program allocated it (an earlier graph's, or a loop body's previous iteration), tensors
     captured by reference when any step writes them, generators when any step draws or sets
     generator state."""
-    allocated = _Extents()
+    allocated = Extents()
     tensors: dict[int, torch.Tensor] = {}
     refs: dict[PoolRef, None] = {}
     generators: dict[int, torch.Generator] = {}
@@ -102,7 +102,7 @@ def undo_plan(steps: list[Step], device_type: str, index: int | None = None) -> 
 
     def written(step: Step) -> list[Any]:
         try:
-            return _written(step)
+            return written_args(step)
         except Exception:  # no schema (not an aten overload): any tensor argument may be written
             return tree_flatten((step.args, step.kwargs))[0]
 
