@@ -14,7 +14,7 @@ import torch
 from torch._higher_order_ops import while_loop
 
 import accel_graph
-from accel_graph.backends.recorder import backend as recorder_backend
+from accel_graph.backends.recorder import compiled_choice
 from accel_graph.models import Decoder, DecoderConfig
 
 
@@ -85,14 +85,14 @@ def test_a_plain_graph_that_saves_then_overwrites_its_inputs_replays_right(mode)
 
 
 def test_a_failing_sub_program_falls_back_alone_with_the_reason(monkeypatch, caplog, tmp_path):
-    real = recorder_backend.compile_program
+    real = compiled_choice.compile_program
 
     def refuse_sin(steps, inputs, outputs, pool):
         if any(getattr(s.func, "__name__", "") == "sin.default" for s in steps):
             raise RuntimeError("no sin today")
         return real(steps, inputs, outputs, pool)
 
-    monkeypatch.setattr(recorder_backend, "compile_program", refuse_sin)
+    monkeypatch.setattr(compiled_choice, "compile_program", refuse_sin)
 
     def fn(p, x):
         return torch.cond(p, lambda x: x.sin() + 1, lambda x: x.cos() * 2, (x,)) - 1

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-import accel_graph.backends.recorder.backend as recorder_backend
+import accel_graph.backends.recorder.compiled_choice as compiled_choice
 from accel_graph.bench import models as bench_models
 from accel_graph.cli.main import main
 from accel_graph.models import ResNet, ResNetConfig
@@ -76,7 +76,7 @@ def test_failures_are_rows_not_crashes(monkeypatch: pytest.MonkeyPatch) -> None:
         raise RuntimeError("Inductor refused the program")
 
     monkeypatch.setattr(torch, "compile", refuse_compile)
-    monkeypatch.setattr(recorder_backend, "compile_program", refuse_program)
+    monkeypatch.setattr(compiled_choice, "compile_program", refuse_program)
     s = bench_models.ModelBenchSettings(models=("resnet",), resnet_batches=(1,), iters=2,
                                         calls_per_round=1, warmup=0, seconds=0.2,
                                         autotune=False, resnet=TINY_RESNET)

@@ -48,14 +48,14 @@ def test_compiled_case_replays_compiled_code(make_graph, device, accel_graph_com
 
 _INNER = """
 import torch
-import accel_graph.backends.recorder.backend as recorder_backend
+import accel_graph.backends.recorder.compiled_choice as compiled_choice
 from accel_graph.testing import capture
 
 def _no_compiler(*args, **kwargs):
     raise RuntimeError("no C++ compiler in this test")
 
 def test_it(make_graph, device, monkeypatch):
-    monkeypatch.setattr(recorder_backend, "compile_program", _no_compiler)
+    monkeypatch.setattr(compiled_choice, "compile_program", _no_compiler)
     x = torch.ones(3, device=device)
     g = make_graph()
     out = capture(g, lambda x: x + 1, x)

@@ -8,7 +8,6 @@ operations fail at the op.
 
 from __future__ import annotations
 
-import functools
 import logging
 import threading
 import weakref
@@ -31,14 +30,11 @@ from ..base import (
 )
 from . import collective_check, collectives, replay_choice
 from .capture import Capture, InputRecord, Step, active_capture
-from .compile_failures import compiler_hint, failure_reason, quiet_torch_errors
-from .compiled import compile_program
+from .compiled_choice import CompiledChoice
 from .dump import describe, write_dump
-from .freezing import written_storages
 from .pool import make_pool
 from .pool_protocol import GraphPool, PoolEvent, PoolRef
 from .program import build_replay, materialize, replayed
-from .segmented import compile_any
 
 log = logging.getLogger("accel_graph")
 
@@ -54,7 +50,7 @@ def _in_compiled_frame() -> bool:
         return False
 
 
-class RecorderGraphImpl(GraphImpl):
+class RecorderGraphImpl(CompiledChoice, GraphImpl):
     """One recorder graph: a capture, then a compiled straight-line replay program."""
 
     def __init__(self, backend: RecorderBackend, device: DeviceSpec, *, keep_graph: bool = False,
@@ -225,61 +221,6 @@ class RecorderGraphImpl(GraphImpl):
 
         return first
 
-    def _choose_program(self) -> Any:
-        """The program ``compile_options["replay"]`` picks (:mod:`.replay_choice`): compiled,
-        interpreted, the faster of the two measured now, or a decider timing both on the first
-        real replays. Sets ``self._mode``."""
-        opts = self._compile_options
-        if opts.replay == "interpreted":
-            self._compiled = {"backend": "inductor", "skipped": "compile_options replay='interpreted'"}
-            self._mode = ReplayMode("interpreted", "forced by compile_options={'replay': "
-                                    "'interpreted'} (nothing was compiled)")
-            return build_replay(self._steps, self._inputs)
-        compiled = self._compiled_or_none()
-        if compiled is None:
-            self._mode = ReplayMode("interpreted", f"compilation failed ({self._compiled['fallback']})")
-            return build_replay(self._steps, self._inputs)
-        if opts.replay == "compiled":
-            self._mode = ReplayMode("compiled", "forced by compile_options={'replay': 'compiled'}")
-            return compiled
-        if self._signature is not None:
-            self._mode = ReplayMode(
-                "compiled", "the graph runs collectives: every rank replays the compiled program, "
-                "untimed (ranks choosing differently would compute float-close, not equal, results)")
-            return compiled
-        interpreted = build_replay(self._steps, self._inputs)
-        assert self._pool is not None and self._compiled is not None
-        why = replay_choice.instantiation_hazard(self._frozen_steps)
-        if why is None and (self._pool.graphs != 1 or self._pool.capturing):
-            why = "other graphs share its pool (an extra run could write memory they use)"
-        if why is not None:
-            why = f"an extra run at instantiation could be observed: {why}"
-        else:
-            budget = replay_choice.timing_budget(float(self._compiled.get("compile_s", 0.0)))
-            outputs = [self._pool.materialize(r) for r in self._outputs]
-            try:
-                timed = replay_choice.time_programs(compiled, interpreted, replay_choice.run_as_replay,
-                                                     outputs, budget)
-            except Exception as exc:  # the real replay will raise it again; decide there
-                timed, why = None, f"a timing run at instantiation raised {type(exc).__name__}"
-            if timed is not None:
-                self._mode = replay_choice.verdict(*timed, "at instantiation")
-                return compiled if self._mode.mode == "compiled" else interpreted
-            why = why or f"one run of each program takes over a share of the {budget:.2f} s timing budget"
-        decider = replay_choice.ReplayDecider(self, compiled, interpreted, why)
-        self._decider = decider
-        return decider
-
-    def settle_replay(self, decider: Any, winner: Any, mode: ReplayMode) -> None:
-        """Called by the :class:`.replay_choice.ReplayDecider` of this graph once it decided:
-        ``winner`` replays from now on (the decider of an earlier capture changes nothing)."""
-        if decider is not self._decider:
-            return
-        self._decider = None
-        self._mode = mode
-        if self._replay_fn is decider:
-            self._replay_fn = winner
-
     def replay_mode(self) -> ReplayMode:
         """Which program replays and why (``Graph.replay_mode()``)."""
         decider = self._decider
@@ -287,42 +228,6 @@ class RecorderGraphImpl(GraphImpl):
             return ReplayMode("undecided", f"timing both programs on the first real replays "
                               f"({decider.remaining} left): {decider.why}")
         return self._mode
-
-    def _compiled_or_none(self) -> Any:
-        """The compiled replay function, or None with the reason logged and kept in
-        ``self._compiled["fallback"]`` (the interpreted program then replays)."""
-        assert self._pool is not None
-        try:
-            with quiet_torch_errors():  # our one log line below says what failed
-                run, info = compile_any(self._frozen_steps, self._inputs, self._outputs,
-                                        self._pool, self._compile_fn())
-        except Exception as exc:  # any compiler failure: replay still works, interpreted
-            reason = failure_reason(exc)
-            hint = compiler_hint(exc)
-            log.warning("compile='inductor' failed for a graph on %s (%s); using interpreted "
-                        "replay.%s", self.device, reason, hint)
-            self._compiled = {"backend": "inductor", "fallback": reason}
-            return None
-        self._compiled = info
-        checks = build_replay([], self._inputs)  # the stale-input checks alone
-
-        def replay() -> None:
-            checks()
-            run()
-
-        return replay
-
-    def _compile_fn(self) -> Any:
-        """``compile_program`` with this graph's ``compile_options``: with ``freeze``, told what
-        the whole program writes (a stretch of a segmented program must not freeze what another
-        stretch writes); with ``cpp_wrapper``, told so."""
-        opts = self._compile_options
-        kwargs: dict[str, Any] = {}
-        if opts.freeze:
-            kwargs["written"] = written_storages(self._frozen_steps)
-        if opts.cpp_wrapper:
-            kwargs["cpp_wrapper"] = True
-        return functools.partial(compile_program, **kwargs) if kwargs else compile_program
 
     def replay(self) -> None:
         if torch._C._len_torch_dispatch_stack():

@@ -79,6 +79,33 @@ def _static_tracing() -> Any:
         return contextlib.nullcontext()
 
 
+def _static_kwargs(compile_fx: Callable[..., Any]) -> dict[str, Any]:
+    """``compile_fx`` keyword arguments that make the compiled program static-shaped.
+
+    ``ignore_shape_env=True``: AOT autograd fakeifies the example inputs with
+    ``fake_mode.from_tensor(x, static_shapes=ignore_shape_env)`` (``process_inputs`` in
+    ``torch/_functorch/_aot_autograd/frontend_utils.py``, torch 2.11 to 2.14). That explicit
+    ``False`` overrides the ``static_shapes=True`` of :func:`_static_tracing`'s fake mode, so
+    without it every placeholder got symbolic sizes (``s26``, ``s53``) from the shape env and
+    Inductor generated dynamic-shape code. Torch 2.13's Python wrapper bound those symbols from
+    the inputs' sizes at every call; torch 2.14.1's binds them only under
+    ``config.size_asserts``, which :mod:`.compile_settings` turns off, so its code named
+    undefined symbols (``NameError: name 's53' is not defined`` at the first run). With it the
+    inputs are static fakes while the tracing context still carries a shape env, so the FX
+    graph cache keeps hitting. Feature-detected on the callable actually used (tests and tools
+    replace ``compile_fx`` with wrappers that may not take it).
+    """
+    import inspect
+
+    try:
+        params = inspect.signature(compile_fx).parameters
+    except (TypeError, ValueError):  # a builtin or C callable: pass nothing it may refuse
+        return {}
+    if "ignore_shape_env" in params or any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return {"ignore_shape_env": True}
+    return {}
+
+
 def _extent(ref: PoolRef) -> int:
     """Bytes from ``ref.byte_offset`` to the end of the last element ``ref`` can address."""
     if any(n == 0 for n in ref.shape):
@@ -380,10 +407,11 @@ def _compiled_module(graph: fx.Graph, example: list[torch.Tensor], frozen: Froze
             _MODULES.move_to_end(key)
             _COUNTS["hits"] += 1
             return entry[0], True, entry[2]
+        static = _static_kwargs(compile_fx)
         with inductor_config.patch(compile_settings.inductor_settings(bool(consts), cpp_wrapper)):
             try:
                 with torch.no_grad(), _static_tracing():
-                    compiled = compile_fx(module(), example)
+                    compiled = compile_fx(module(), example, **static)
                 attempt = "static shapes"
             except Exception as exc:
                 # Any failure under the static-shape tracing context is retried without it
@@ -395,7 +423,7 @@ def _compiled_module(graph: fx.Graph, example: list[torch.Tensor], frozen: Froze
                 log.debug("compile under the static-shape tracing context failed (%s: %s); "
                           "retrying without it", type(exc).__name__, str(exc).strip()[:200])
                 with torch.no_grad():
-                    compiled = compile_fx(module(), example)
+                    compiled = compile_fx(module(), example, **static)
                 attempt = "retried without the static-shape tracing context"
         _COUNTS["compiles"] += 1
         if not shared:

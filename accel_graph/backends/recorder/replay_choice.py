@@ -89,7 +89,7 @@ def timing_budget(compile_s: float) -> float:
     return min(TIMING_MAX_S, max(TIMING_MIN_S, TIMING_FRACTION * compile_s))
 
 
-class _Extents:
+class Extents:
     """A union of byte ranges per pool segment (sorted, disjoint, merged on insert): memory a
     program was given, queried in logarithmic time (programs have thousands of steps)."""
 
@@ -127,7 +127,7 @@ class _Extents:
         return hi > lo and i < len(starts) and starts[i] < hi
 
 
-def _written(step: Step) -> list[Any]:
+def written_args(step: Step) -> list[Any]:
     """The arguments a step's op writes in place (its schema's ``Tensor(a!)`` arguments)."""
     out: list[Any] = []
     for i, arg in enumerate(step.func._schema.arguments):
@@ -150,12 +150,12 @@ def instantiation_hazard(steps: list[Step]) -> str | None:
     (an earlier graph's) is memory it later writes, and no step is random, a collective, a host
     call, control flow, a side-effecting op or an op outside aten/prims (a custom op may do
     anything). The caller also checks that no other graph shares the pool."""
-    everything = _Extents()  # all memory the program allocates, at any step
+    everything = Extents()  # all memory the program allocates, at any step
     for step in steps:
         for out in _allocations(step):
             if isinstance(out, PoolRef):
                 everything.add(out)
-    allocated = _Extents()  # memory allocated before the step at hand
+    allocated = Extents()  # memory allocated before the step at hand
     for step in steps:
         if step.kind == "collective":
             return f"it runs collectives ({step.func})"
@@ -166,7 +166,7 @@ def instantiation_hazard(steps: list[Step]) -> str | None:
             return f"it draws random numbers ({func})"
         if func in _SIDE_EFFECTS or func.namespace not in _PURE_NAMESPACES:
             return f"{func} may have effects beyond the tensors it writes"
-        for target in _written(step):
+        for target in written_args(step):
             if not (isinstance(target, PoolRef) and allocated.covers(target)):
                 return (f"{func} writes memory the program did not allocate (a tensor captured "
                         f"by reference, or pool memory of another graph)")

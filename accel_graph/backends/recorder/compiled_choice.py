@@ -1,0 +1,167 @@
+"""How a recorder graph with ``compile="inductor"`` picks its replay program (a mixin of
+:class:`.backend.RecorderGraphImpl`, split from it to keep modules small).
+
+At instantiation the captured program is compiled (:func:`.segmented.compile_any`); any
+failure falls back to the interpreted program with the reason logged and kept in
+``compile_info()["fallback"]`` (issue 15). ``compile_options["replay"]`` then picks the
+compiled program, the interpreted one, or the faster of the two (:mod:`.replay_choice`). The
+compiled program's first run is checked (:mod:`.compiled_first_run`): a failure that shows only
+when the generated code first runs (at the timing run, on the first real replay, or in the
+decider's first round) falls back the same way.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import weakref
+from typing import Any
+
+from ..base import ReplayMode
+from . import replay_choice
+from .compile_failures import compiler_hint, failure_reason, quiet_torch_errors
+from .compiled import compile_program
+from .compiled_first_run import FirstRun, undo_plan
+from .freezing import written_storages
+from .program import build_replay
+from .segmented import compile_any
+
+log = logging.getLogger("accel_graph")
+
+__all__ = ["CompiledChoice"]
+
+
+class CompiledChoice:
+    """The compile decision of a recorder graph. The host class provides the captured program
+    (``_steps``, ``_frozen_steps``, ``_inputs``, ``_outputs``, ``_pool``, ``_signature``), its
+    options (``_compile_options``, ``device``) and the state set here (``_compiled``,
+    ``_mode``, ``_decider``, ``_replay_fn``)."""
+
+    _steps: list
+    _frozen_steps: list
+    _inputs: list
+    _outputs: list
+    _pool: Any
+    _signature: Any
+    _compile_options: Any
+    device: Any
+    _compiled: dict[str, Any] | None
+    _mode: ReplayMode
+    _decider: Any
+    _replay_fn: Any
+
+    def _choose_program(self) -> Any:
+        """The program ``compile_options["replay"]`` picks (:mod:`.replay_choice`): compiled,
+        interpreted, the faster of the two measured now, or a decider timing both on the first
+        real replays. Sets ``self._mode``."""
+        opts = self._compile_options
+        if opts.replay == "interpreted":
+            self._compiled = {"backend": "inductor", "skipped": "compile_options replay='interpreted'"}
+            self._mode = ReplayMode("interpreted", "forced by compile_options={'replay': "
+                                    "'interpreted'} (nothing was compiled)")
+            return build_replay(self._steps, self._inputs)
+        compiled = self._compiled_or_none()
+        if compiled is None:
+            self._mode = ReplayMode("interpreted", f"compilation failed ({self._compiled['fallback']})")
+            return build_replay(self._steps, self._inputs)
+        if opts.replay == "compiled":
+            self._mode = ReplayMode("compiled", "forced by compile_options={'replay': 'compiled'}")
+            return compiled
+        if self._signature is not None:
+            self._mode = ReplayMode(
+                "compiled", "the graph runs collectives: every rank replays the compiled program, "
+                "untimed (ranks choosing differently would compute float-close, not equal, results)")
+            return compiled
+        interpreted = build_replay(self._steps, self._inputs)
+        assert self._pool is not None and self._compiled is not None
+        why = replay_choice.instantiation_hazard(self._frozen_steps)
+        if why is None and (self._pool.graphs != 1 or self._pool.capturing):
+            why = "other graphs share its pool (an extra run could write memory they use)"
+        if why is not None:
+            why = f"an extra run at instantiation could be observed: {why}"
+        else:
+            budget = replay_choice.timing_budget(float(self._compiled.get("compile_s", 0.0)))
+            outputs = [self._pool.materialize(r) for r in self._outputs]
+            try:
+                timed = replay_choice.time_programs(compiled, interpreted, replay_choice.run_as_replay,
+                                                     outputs, budget)
+            except Exception as exc:  # the real replay will raise it again; decide there
+                timed, why = None, f"a timing run at instantiation raised {type(exc).__name__}"
+            if "fallback" in self._compiled:  # the compiled program failed at its first run
+                return self._replay_fn
+            if timed is not None:
+                self._mode = replay_choice.verdict(*timed, "at instantiation")
+                return compiled if self._mode.mode == "compiled" else interpreted
+            why = why or f"one run of each program takes over a share of the {budget:.2f} s timing budget"
+        decider = replay_choice.ReplayDecider(self, compiled, interpreted, why)
+        self._decider = decider
+        return decider
+
+    def settle_replay(self, decider: Any, winner: Any, mode: ReplayMode) -> None:
+        """Called by the :class:`.replay_choice.ReplayDecider` of this graph once it decided:
+        ``winner`` replays from now on (the decider of an earlier capture changes nothing)."""
+        if decider is not self._decider:
+            return
+        self._decider = None
+        self._mode = mode
+        if self._replay_fn is decider:
+            self._replay_fn = winner
+
+    def _compiled_or_none(self) -> Any:
+        """The compiled replay function, or None with the reason logged and kept in
+        ``self._compiled["fallback"]`` (the interpreted program then replays)."""
+        assert self._pool is not None
+        try:
+            with quiet_torch_errors():  # our one log line below says what failed
+                run, info = compile_any(self._frozen_steps, self._inputs, self._outputs,
+                                        self._pool, self._compile_fn())
+        except Exception as exc:  # any compiler failure: replay still works, interpreted
+            reason = failure_reason(exc)
+            hint = compiler_hint(exc)
+            log.warning("compile='inductor' failed for a graph on %s (%s); using interpreted "
+                        "replay.%s", self.device, reason, hint)
+            self._compiled = {"backend": "inductor", "fallback": reason}
+            return None
+        self._compiled = info
+        checks = build_replay([], self._inputs)  # the stale-input checks alone
+        # Failures that show only when the generated code first runs fall back too.
+        plan = undo_plan(self._frozen_steps, self.device.device_type, self.device.index) if self._signature is None else None
+        graph = weakref.ref(self)  # held weakly: the graph stays freed by reference counting
+
+        def failed(exc: BaseException, undone: bool) -> Any:
+            me = graph()
+            if me is None:  # cannot happen while the graph replays; never swallow the error
+                raise exc
+            return me._first_run_failed(exc, undone)
+
+        first = FirstRun(run, plan, self._pool, failed)
+
+        def replay() -> None:
+            checks()  # a stale input is the caller's error, raised before the guarded run
+            first.fn()
+
+        return replay
+
+    def _first_run_failed(self, exc: BaseException, undone: bool) -> Any:
+        """The compiled program raised at its first run (:mod:`.compiled_first_run`): log the
+        reason, keep it in ``compile_info()`` and replay interpreted from now on."""
+        reason = failure_reason(exc)
+        log.warning("compile='inductor': the compiled program failed at its first run on %s "
+                    "(%s); using interpreted replay.", self.device, reason)
+        self._compiled = {**(self._compiled or {}), "fallback": reason, "failed_at": "first run"}
+        self._mode = ReplayMode("interpreted", f"the compiled program failed at its first run ({reason})")
+        self._decider = None
+        self._replay_fn = build_replay(self._steps, self._inputs)
+        return self._replay_fn
+
+    def _compile_fn(self) -> Any:
+        """``compile_program`` with this graph's ``compile_options``: with ``freeze``, told what
+        the whole program writes (a stretch of a segmented program must not freeze what another
+        stretch writes); with ``cpp_wrapper``, told so."""
+        opts = self._compile_options
+        kwargs: dict[str, Any] = {}
+        if opts.freeze:
+            kwargs["written"] = written_storages(self._frozen_steps)
+        if opts.cpp_wrapper:
+            kwargs["cpp_wrapper"] = True
+        return functools.partial(compile_program, **kwargs) if kwargs else compile_program
