@@ -27,10 +27,9 @@ def register_all(register: Any, log: list[tuple[str, Any]]) -> list[Any]:
     handles = []
     for event in EVENTS:
         if event == "destroy":
-            fn = (lambda ids, e=event: log.append((e, ids)))
+            handles.append(register(event, lambda ids, e=event: log.append((e, ids))))
         else:
-            fn = (lambda g, e=event: log.append((e, type(g).__name__)))
-        handles.append(register(event, fn))
+            handles.append(register(event, lambda g, e=event: log.append((e, type(g).__name__))))
     return handles
 
 
