@@ -290,3 +290,21 @@ def test_exports() -> None:
         torch_fn = getattr(torch.cuda.graphs, name, None)
         if torch_fn is not None:
             assert torch_fn.__name__ == name
+
+
+def test_graph_runner_graphs_fire_the_hooks(rec: Recorder) -> None:
+    """A server built on GraphRunner sees its buckets' graphs through the same hooks."""
+    from accel_graph import GraphRunner
+
+    def affine(x: torch.Tensor) -> torch.Tensor:
+        return x * 2 + 1
+
+    runner = GraphRunner(affine, torch.zeros(1, 3), buckets=[1, 2], device="cpu",
+                         progress=False).capture()
+    captured = rec.events().count("capture_end")
+    assert captured >= 2 and rec.events().count("instantiate") >= 2  # one per bucket at least
+    before = rec.events().count("replay_start")
+    out = runner(torch.ones(2, 3))
+    assert torch.equal(out, torch.full((2, 3), 3.0))
+    assert rec.events().count("replay_start") == before + 1
+    assert rec.events().count("replay_end") == before + 1
