@@ -30,6 +30,14 @@ if TYPE_CHECKING:
         is_current_stream_capturing,
     )
     from .graphed_callables import make_graphed_callables
+    from .hooks import (
+        register_graph_capture_end_hook,
+        register_graph_capture_start_hook,
+        register_graph_destroy_hook,
+        register_graph_instantiate_hook,
+        register_graph_replay_end_hook,
+        register_graph_replay_start_hook,
+    )
     from .runner import GraphRunner, suggest_buckets
 
 #: Public names that need torch, imported on first access so that the allocator tools
@@ -46,6 +54,12 @@ _LAZY: dict[str, str] = {
     "graph_pool_handle": ".frontend",
     "is_current_stream_capturing": ".frontend",
     "make_graphed_callables": ".graphed_callables",
+    "register_graph_capture_end_hook": ".hooks",
+    "register_graph_capture_start_hook": ".hooks",
+    "register_graph_destroy_hook": ".hooks",
+    "register_graph_instantiate_hook": ".hooks",
+    "register_graph_replay_end_hook": ".hooks",
+    "register_graph_replay_start_hook": ".hooks",
     "GraphRunner": ".runner",
     "suggest_buckets": ".runner",
 }
@@ -75,5 +89,11 @@ __all__ = [
     "graph_pool_handle",
     "is_current_stream_capturing",
     "make_graphed_callables",
+    "register_graph_capture_end_hook",
+    "register_graph_capture_start_hook",
+    "register_graph_destroy_hook",
+    "register_graph_instantiate_hook",
+    "register_graph_replay_end_hook",
+    "register_graph_replay_start_hook",
     "suggest_buckets",
 ]

@@ -8,6 +8,10 @@ States: ``empty`` -> ``capturing`` -> ``captured`` -> ``instantiated``; ``reset(
 ``empty`` from any state. With ``keep_graph=False`` (the default) ``capture_end`` instantiates
 at once, as in torch.
 
+Every backend fires the graph lifecycle hooks of :mod:`accel_graph.hooks` (torch 2.14's
+``register_graph_*_hook``) from here, with the ``Graph`` as argument: capture start and end,
+instantiate, replay start and end, and destroy (``reset()`` or collection) with the exec ids.
+
 A capture belongs to the thread that began it: ``capture_end()`` and ``reset()`` from another
 thread are refused with ``GraphStateError`` (the recorder's dispatch mode and CUDA's
 non-relaxed capture modes are per thread). A ``Graph`` collected mid-capture ends its capture.
@@ -31,6 +35,7 @@ from typing import Any
 
 import torch
 
+from . import hooks
 from .backends import select_backend
 from .backends.base import (
     CAPTURE_ERROR_MODES,
@@ -134,6 +139,8 @@ class Graph:
         self._debug = False
         #: The thread that began the capture underway (None unless capturing).
         self._capture_thread: threading.Thread | None = None
+        #: Exec id and destroy-event cycle for the lifecycle hooks (accel_graph.hooks).
+        self._events = hooks.GraphEvents(self)
 
     def __del__(self) -> None:
         # Collected mid-capture (the user dropped it, or its cycle was collected, possibly on
@@ -159,6 +166,12 @@ class Graph:
     def state(self) -> str:
         """One of ``"empty"``, ``"capturing"``, ``"captured"``, ``"instantiated"``."""
         return self._state
+
+    @property
+    def exec_id(self) -> int | None:
+        """A process-unique id of the current instantiation (None before it, and after
+        ``reset()``); the destroy hooks receive the ids of a cycle (:mod:`accel_graph.hooks`)."""
+        return self._events.exec_id
 
     def __repr__(self) -> str:
         return f"Graph(device={self._device}, state={self._state})"
@@ -189,6 +202,8 @@ class Graph:
         self._pool = self._impl.pool()
         self._capture_thread = threading.current_thread()
         self._state = CAPTURING
+        if hooks.capture_start_hooks:  # inside the capture, as torch's: see accel_graph.hooks
+            hooks.fire(hooks.capture_start_hooks, self)
 
     def register_generator_state(self, generator: torch.Generator) -> None:
         """Let captures of this graph draw from ``generator`` (a generator of the graph's
@@ -265,6 +280,12 @@ class Graph:
             raise
         self._capture_thread = None
         self._state = CAPTURED if self.keep_graph else INSTANTIATED
+        # torch's order: capture end, then (keep_graph=False) instantiate. The backends do both
+        # in one impl call, so both events fire once it returned.
+        if hooks.capture_end_hooks:
+            hooks.fire(hooks.capture_end_hooks, self)
+        if not self.keep_graph:
+            self._events.instantiated(self)
         if self._impl.work_count() == 0:
             warnings.warn(EmptyGraphWarning(
                 f"{EMPTY_GRAPH_MESSAGE} (accel-graph on {self._device}: the capture recorded "
@@ -301,6 +322,7 @@ class Graph:
         if self._state == CAPTURED:
             self._impl.instantiate()
             self._state = INSTANTIATED
+            self._events.instantiated(self)
 
     def replay(self) -> None:
         """Replay the captured work."""
@@ -313,7 +335,13 @@ class Graph:
                     "there is no successful capture to replay; capture first with "
                     "capture_begin()/capture_end() or `with accel_graph.graph(g): ...`",
                 )
-        self._impl.replay()
+        if hooks.replay_start_hooks:
+            hooks.fire(hooks.replay_start_hooks, self)
+        try:
+            self._impl.replay()
+        finally:  # as torch: the end hooks fire even when the launch raised
+            if hooks.replay_end_hooks:
+                hooks.fire(hooks.replay_end_hooks, self)
 
     def reset(self) -> None:
         """Drop the captured graph so this object can capture again. Memory that tensors you
@@ -321,10 +349,11 @@ class Graph:
         if self._state == CAPTURING:
             self._check_capturing_thread("reset()")
             self._abort()
-            return
-        self._impl.reset()
-        self._state = EMPTY
-        self._pool = None
+        else:
+            self._impl.reset()
+            self._state = EMPTY
+            self._pool = None
+        self._events.reset(self)  # as torch: every reset() ends a cycle, even of an empty graph
 
     def pool(self) -> PoolHandle:
         """The handle of this graph's pool; pass it as ``pool=`` to share memory with it."""
@@ -403,13 +432,12 @@ class Graph:
         self.capture_begin()
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: Any) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         """End the capture (``capture_end()``). If the body raised, drop the capture instead and
         let the exception propagate: the graph is left empty and reusable, and nothing it held
         before was lost (``__enter__`` refuses a graph that holds a capture). torch's ``__exit__``
         calls ``capture_end()`` either way."""
-        if exc_type is not None:
+        if exc_info and exc_info[0] is not None:
             if self._state == CAPTURING and self._capture_thread is threading.current_thread():
                 self._abort()
             return

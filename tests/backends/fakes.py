@@ -479,3 +479,75 @@ def install_conditional_nodes(fake: FakeCudaModule, monkeypatch: pytest.MonkeyPa
 
         monkeypatch.setattr(api, "while_loop_node", while_loop_node, raising=False)
     return log
+
+
+# -- FAKE torch 2.14 graph lifecycle hooks (issue 24 item 6): plumbing only -------------------
+HOOK_EVENTS = ("capture_start", "capture_end", "instantiate", "replay_start", "replay_end")
+
+
+def install_torch_graph_hooks(fake: FakeDeviceModule, monkeypatch: pytest.MonkeyPatch
+                              ) -> dict[str, Any]:
+    """Make the FAKE ``CUDAGraph`` fire FAKE module-level hooks the way torch 2.14's does
+    (``torch.cuda.graphs.register_graph_<event>_hook``, patched onto the real module for the
+    test): capture start once capture is live, capture end then (``keep_graph=False``)
+    instantiate, replay start/end around each replay, destroy at ``reset()``. Returns the FAKE
+    registries, event -> ``OrderedDict`` of hooks (all empty at first)."""
+    from collections import OrderedDict
+
+    from torch.utils.hooks import RemovableHandle
+
+    registries: dict[str, OrderedDict[int, Any]] = {e: OrderedDict() for e in HOOK_EVENTS}
+    registries["destroy"] = OrderedDict()
+
+    def registrar(event: str) -> Any:
+        def register(fn: Any) -> RemovableHandle:
+            handle = RemovableHandle(registries[event])
+            registries[event][handle.id] = fn
+            return handle
+        return register
+
+    for event in registries:
+        monkeypatch.setattr(torch.cuda.graphs, f"register_graph_{event}_hook", registrar(event),
+                            raising=False)
+
+    def run(event: str, arg: Any) -> None:
+        for fn in list(registries[event].values()):
+            fn(arg)
+
+    cls = getattr(fake, fake.graph_class_name)
+    begin, end, inst, replay, reset = (cls.capture_begin, cls.capture_end, cls.instantiate,
+                                       cls.replay, cls.reset)
+
+    def capture_begin(self: Any, *a: Any, **k: Any) -> None:
+        begin(self, *a, **k)
+        run("capture_start", self)
+
+    def capture_end(self: Any) -> None:
+        keep, self.keep_graph = self.keep_graph, True  # torch: end hooks before instantiate
+        try:
+            end(self)
+        finally:
+            self.keep_graph = keep
+        run("capture_end", self)
+        if not keep:
+            self.instantiate()
+
+    def instantiate(self: Any) -> None:
+        inst(self)
+        run("instantiate", self)
+
+    def replay_(self: Any) -> None:
+        run("replay_start", self)
+        try:
+            replay(self)
+        finally:
+            run("replay_end", self)
+
+    def reset_(self: Any) -> None:
+        reset(self)
+        run("destroy", set())
+
+    for name, fn in (("capture_begin", capture_begin), ("capture_end", capture_end),
+                     ("instantiate", instantiate), ("replay", replay_), ("reset", reset_)):
+        monkeypatch.setattr(cls, name, fn)
+    return registries
