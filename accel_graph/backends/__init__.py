@@ -228,8 +228,9 @@ def select_backend(device: torch.device | str | int | None = None) -> tuple[Back
     return _default_route(check_device=True)[:2]
 
 
-def _default_route(check_device: bool) -> tuple[Backend, torch.device, str | None]:
-    """Rules 3 and 4 of :func:`select_backend`, and why the CPU was chosen (None: it was not).
+def _default_route(check_device: bool) -> tuple[Backend, torch.device, str | None, str | None]:
+    """Rules 3 and 4 of :func:`select_backend`: the backend, the device, why the CPU was chosen
+    (None: it was not) and the error of a current device that failed its check (else None).
 
     With ``check_device`` a native backend must also describe the current device
     (``device_spec``, which reads its arch and so starts the runtime): a driver that fails there
@@ -239,18 +240,17 @@ def _default_route(check_device: bool) -> tuple[Backend, torch.device, str | Non
     acc = found.device
     if acc is None:  # a CPU build needs no explanation; an accelerator build with none does
         level = None if found.device_type is None else logging.INFO
-        return _cpu_route(f"{found.state()}: graphs use the recorder on the CPU", level)
+        return (*_cpu_route(f"{found.state()}: graphs use the recorder on the CPU", level), None)
     backend = _backend_for_device(acc)
     if check_device and backend.name != "recorder":
         try:
             backend.device_spec(acc)
         except Exception as exc:
-            return _cpu_route(
-                f"{found.state()}, but the {backend.name} backend cannot use {acc} "
-                f"({type(exc).__name__}: {exc}): graphs use the recorder on the CPU",
-                logging.WARNING,
-            )
-    return backend, acc, None
+            error = f"{type(exc).__name__}: {exc}"
+            reason = (f"{found.state()}, but the {backend.name} backend cannot use {acc} "
+                      f"({error}): graphs use the recorder on the CPU")
+            return (*_cpu_route(reason, logging.WARNING), error)
+    return backend, acc, None, None
 
 
 _logged_routes: set[str] = set()
@@ -302,17 +302,18 @@ def routing_report(check_device: bool = False) -> dict[str, Any]:
     check of :func:`select_backend`, which would start the device runtime.
 
     Keys: ``ACCEL_GRAPH_BACKEND``, ``backend``, ``device``, ``error``, ``accelerator`` (the
-    build's accelerator and its devices, :meth:`AcceleratorPresence.as_dict`) and ``reason``
+    build's accelerator and its devices, :meth:`.AcceleratorPresence.as_dict`),
+    ``device_error`` (the current device failed the native backend's check: the text) and ``reason``
     (one sentence, e.g. "build has CUDA 13.0, 0 device(s): graphs use the recorder on the CPU").
     """
     forced = config.backend_override()
     found = accelerator_presence()
-    cpu_reason = None
+    cpu_reason = device_error = None
     try:
         if forced is not None:
             backend, dev = select_backend(None)
         else:
-            backend, dev, cpu_reason = _default_route(check_device)
+            backend, dev, cpu_reason, device_error = _default_route(check_device)
         name, where, error = backend.name, str(dev), None
     except Exception as exc:  # the report must not crash (an unknown forced name, say)
         name, where, error = None, None, f"{type(exc).__name__}: {exc}"
@@ -333,6 +334,7 @@ def routing_report(check_device: bool = False) -> dict[str, Any]:
         "device": where,
         "error": error,
         "accelerator": found.as_dict(),
+        "device_error": device_error,
         "reason": reason if error is None else f"{reason}; but routing failed: {error}",
     }
 
