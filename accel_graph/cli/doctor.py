@@ -96,8 +96,12 @@ def _sectioned_backends() -> list[type[Backend]]:
 
 
 def _torch_section() -> dict[str, Any]:
+    from ..torch_support import VERIFIED, is_verified
+
     v = torch.version
     return {
+        "verified": is_verified(torch.__version__),
+        "verified_releases": list(VERIFIED),
         "version": torch.__version__,
         "git_version": getattr(v, "git_version", None),
         "cuda": getattr(v, "cuda", None),
@@ -419,6 +423,9 @@ def format_report(r: Mapping[str, Any]) -> str:
     )
     if routing.get("reason"):
         out.append(f"  why: {routing['reason']}")
+    if not t.get("verified", True):
+        out.append(f"  torch {t.get('version')} is outside the verified releases "
+                   f"({', '.join(t.get('verified_releases') or [])})")
     out += ["", "graph APIs (read from the installed torch)"]
     ga = r.get("graph_apis") or {}
     apis = ga.get("apis") or {}
