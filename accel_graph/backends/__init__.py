@@ -280,7 +280,7 @@ def _require_present(dev: torch.device) -> None:
     if count == 0:
         raise BackendUnavailable(
             f"device {dev} does not exist: this host has 0 {dev.type} devices "
-            f"(build has {build_label(dev.type)}; {source} is 0). Pass device='cpu', or no "
+            f"(build has {build_label(dev.type)}; per {source}). Pass device='cpu', or no "
             f"device= (which routes to the recorder on the CPU here), or run where a "
             f"{dev.type} device is visible"
         )

@@ -80,8 +80,19 @@ def test_fake_cuda_probe_unavailable(fake_cuda: FakeCudaModule) -> None:
     assert CudaBackend.probe() == (
         "torch.cuda.is_available() is False (no NVIDIA driver or no visible device)"
     )
+    with pytest.raises(BackendUnavailable, match="0 cuda devices"):
+        select_backend("cuda:0")  # is_available() False: no usable device, whatever the count
+
+
+def test_fake_cuda_without_graph_class_leaves_the_device_to_the_recorder(
+    fake_cuda: FakeCudaModule, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delattr(torch.cuda, "CUDAGraph")
+    assert CudaBackend.probe() == "torch.cuda.CUDAGraph is missing from this torch build"
     backend, dev = select_backend("cuda:0")
     assert backend.name == "recorder" and dev == torch.device("cuda:0")
+    backend, dev = select_backend(None)  # the device exists: the recorder serves it there
+    assert backend.name == "recorder" and dev == torch.device("cuda", 0)
 
 
 def test_fake_rocm_build_routes_cuda_devices_to_hip(fake_rocm: FakeCudaModule) -> None:

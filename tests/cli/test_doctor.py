@@ -191,7 +191,7 @@ def test_fake_cuda_build_without_devices_says_why(registry: None, monkeypatch: p
     assert r["routing"]["reason"] == "build has CUDA 12.8, 0 devices: graphs use the recorder on the CPU"
     assert r["routing"]["accelerator"] == {
         "device_type": "cuda", "build": "CUDA 12.8", "device_count": 0, "current_index": None,
-        "count_source": "torch.accelerator.device_count()", "error": None,
+        "count_source": "torch.accelerator.is_available()", "error": None,
     }
     assert r["problems"] == []  # 0 devices is not a problem
     assert "why: build has CUDA 12.8, 0 devices" in doctor.format_report(r)
