@@ -103,8 +103,10 @@ def count_devices(device_type: str) -> tuple[int | None, str | None, str]:
             return int(acc.device_count()), None, source
         mod: Any = getattr(torch, device_type, None)
         if mod is None:
-            get = getattr(torch, "get_device_module", None)
-            mod = get(device_type) if get is not None else None
+            try:  # torch raises for a type without a module (xla, lazy): unknown, not an error
+                mod = torch.get_device_module(device_type)
+            except Exception:
+                mod = None
         if mod is None:
             return None, None, f"torch has no torch.{device_type} module"
         if hasattr(mod, "is_available"):
