@@ -16,6 +16,7 @@ from .errors import (
     PoolError,
     ReplayError,
 )
+from .torch_support import UnsupportedTorchWarning, warn_if_unverified
 
 if TYPE_CHECKING:
     from .backends import current_backend, get_backend
@@ -67,6 +68,10 @@ _LAZY: dict[str, str] = {
 
 __getattr__, __dir__ = lazy_exports(__name__, _LAZY)
 
+# One warning for a torch outside the verified releases (torch_support.VERIFIED); it reads
+# torch's version without importing torch and never raises.
+warn_if_unverified()
+
 __version__ = "0.1.0"
 
 __all__ = [
@@ -82,6 +87,7 @@ __all__ = [
     "OutOfMemoryError",
     "PoolError",
     "ReplayError",
+    "UnsupportedTorchWarning",
     "check_capturable",
     "current_backend",
     "get_backend",

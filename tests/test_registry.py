@@ -174,3 +174,19 @@ def test_import_has_no_side_effects():
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_device_type_without_a_torch_module_is_not_refused_by_counting():
+    # Counting cannot know (no torch.<type> module): routing leaves the device to the backends,
+    # which say what they say; it must not claim a driver error.
+    from accel_graph.backends.presence import count_devices
+
+    count, error, source = count_devices("lazy")
+    assert count is None and error is None and "no torch.lazy module" in source
+    assert backends.select_backend("lazy")[0].name == "recorder"
+
+
+def test_cpu_and_meta_are_never_counted(monkeypatch):
+    monkeypatch.delenv("ACCEL_GRAPH_BACKEND", raising=False)
+    assert backends.select_backend("cpu")[1] == torch.device("cpu")
+    assert backends.select_backend("meta")[1] == torch.device("meta")

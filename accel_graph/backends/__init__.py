@@ -6,7 +6,9 @@ this package imports no vendor module. Third parties add a device through the
 one concrete :class:`Backend` subclass, or the class itself.
 
 Routing (see :func:`select_backend`): an explicit ``device=`` wins; then ``ACCEL_GRAPH_BACKEND``;
-then the current accelerator; with no accelerator, the CPU recorder.
+then the current device of the build's accelerator *if one is present* (device count > 0, read
+by :mod:`.presence`); with no device present, the CPU recorder. A CUDA build on a GPU-less host
+therefore routes to the recorder on the CPU; :func:`routing_report` says why.
 """
 
 from __future__ import annotations
@@ -16,12 +18,14 @@ import inspect
 import logging
 import threading
 from importlib.metadata import entry_points
+from typing import Any
 
 import torch
 
 from .. import config
 from ..errors import BackendUnavailable
 from .base import Backend, Capabilities, DeviceSpec, GraphImpl, PoolHandle, PoolStats
+from .presence import ALWAYS_PRESENT, accelerator_presence, build_label, count_devices
 
 __all__ = [
     "BUILTIN_BACKENDS",
@@ -37,6 +41,7 @@ __all__ = [
     "probe_all",
     "register_backend",
     "registered_backends",
+    "routing_report",
     "select_backend",
     "unregister_backend",
 ]
@@ -190,29 +195,24 @@ def _serves(cls: type[Backend], device_type: str) -> bool:
     return device_type in cls.device_types
 
 
-def _current_accelerator() -> torch.device | None:
-    acc = getattr(torch, "accelerator", None)
-    if acc is None or not hasattr(acc, "current_accelerator"):
-        return torch.device("cuda") if torch.cuda.is_available() else None
-    try:
-        return acc.current_accelerator()
-    except Exception:  # no accelerator runtime: behave as a CPU-only host
-        return None
-
-
 def select_backend(device: torch.device | str | int | None = None) -> tuple[Backend, torch.device]:
     """Pick the backend and concrete device for a graph, following the routing rules.
 
     1. ``device`` given: the highest-priority usable backend serving its type (the recorder,
        which serves any device, when no native one is usable); ``ACCEL_GRAPH_BACKEND`` may still
-       force a backend that serves that device type.
+       force a backend that serves that device type. A device type with no device on this host
+       (a CUDA build on a GPU-less machine, a broken driver) is ``BackendUnavailable`` saying
+       what to do; an int is an index on the current accelerator.
     2. ``ACCEL_GRAPH_BACKEND`` set: that backend on its default device.
-    3. The current accelerator's native backend, else the recorder on it.
-    4. No accelerator: the recorder on the CPU.
+    3. A device of the build's accelerator present (device count > 0): the current device
+       (``torch.accelerator.current_device_index()``) on its native backend, else the recorder.
+    4. No device present (CPU build, accelerator build with 0 devices, counting failed): the
+       recorder on the CPU; :func:`routing_report` says which and why.
     """
     forced = config.backend_override()
     if device is not None:
         dev = torch.device(device) if not isinstance(device, int) else _index_device(device)
+        _require_present(dev)
         if forced is not None:
             backend = get_backend(forced)
             if _serves(type(backend), dev.type) or "*" in type(backend).device_types:
@@ -225,19 +225,118 @@ def select_backend(device: torch.device | str | int | None = None) -> tuple[Back
     if forced is not None:
         backend = get_backend(forced)
         return backend, backend.default_device()
-    acc = _current_accelerator()
-    if acc is None:
-        return get_backend("recorder"), torch.device("cpu")
-    return _backend_for_device(acc), acc
+    return _default_route(check_device=True)[:2]
+
+
+def _default_route(check_device: bool) -> tuple[Backend, torch.device, str | None, str | None]:
+    """Rules 3 and 4 of :func:`select_backend`: the backend, the device, why the CPU was chosen
+    (None: it was not) and the error of a current device that failed its check (else None).
+
+    With ``check_device`` a native backend must also describe the current device
+    (``device_spec``, which reads its arch and so starts the runtime): a driver that fails there
+    sends graphs to the recorder on the CPU with the error text, instead of failing ``Graph()``.
+    """
+    found = accelerator_presence()
+    acc = found.device
+    if acc is None:  # a CPU build needs no explanation; an accelerator build with none does
+        level = None if found.device_type is None else logging.INFO
+        return (*_cpu_route(f"{found.state()}: graphs use the recorder on the CPU", level), None)
+    backend = _backend_for_device(acc)
+    if check_device and backend.name != "recorder":
+        try:
+            backend.device_spec(acc)
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            reason = (f"{found.state()}, but the {backend.name} backend cannot use {acc} "
+                      f"({error}): graphs use the recorder on the CPU")
+            return (*_cpu_route(reason, logging.WARNING), error)
+    return backend, acc, None, None
+
+
+_logged_routes: set[str] = set()
+
+
+def _cpu_route(reason: str, level: int | None) -> tuple[Backend, torch.device, str]:
+    # Logged once per distinct reason (level None: not at all): a GPU-less CUDA build routing
+    # to the CPU is worth one line, not one per Graph(). A failing device is a WARNING.
+    if level is not None and reason not in _logged_routes:
+        _logged_routes.add(reason)
+        log.log(level, "%s", reason)
+    return get_backend("recorder"), torch.device("cpu"), reason
+
+
+def _require_present(dev: torch.device) -> None:
+    """Raise ``BackendUnavailable`` when no device of ``dev``'s type exists here (so an explicit
+    ``device="cuda"`` on a GPU-less CUDA build fails at once, with the next step)."""
+    if dev.type in ALWAYS_PRESENT:
+        return
+    count, error, source = count_devices(dev.type)
+    if error is not None:
+        raise BackendUnavailable(
+            f"device {dev} is not usable: counting {dev.type} devices failed ({error}). Fix the "
+            f"driver (for NVIDIA, nvidia-smi must list the GPU), or pass device='cpu' to capture "
+            f"with the recorder on the CPU"
+        )
+    if count == 0:
+        raise BackendUnavailable(
+            f"device {dev} does not exist: this host has 0 {dev.type} devices "
+            f"(build has {build_label(dev.type)}; per {source}). Pass device='cpu', or no "
+            f"device= (which routes to the recorder on the CPU here), or run where a "
+            f"{dev.type} device is visible"
+        )
 
 
 def _index_device(index: int) -> torch.device:
-    acc = _current_accelerator()
-    if acc is None:
+    found = accelerator_presence()
+    if found.device_type is None:
         raise BackendUnavailable(
             f"device index {index} given but this host has no accelerator; pass device='cpu'"
         )
-    return torch.device(acc.type, index)
+    return torch.device(found.device_type, index)
+
+
+def routing_report(check_device: bool = False) -> dict[str, Any]:
+    """Where ``Graph()`` without ``device=`` goes here and why (``accel-graph doctor``'s
+    ``routing`` block). Never raises: a routing error is reported under ``error``.
+    ``check_device=False`` (the doctor without ``--probe-devices``) skips the current-device
+    check of :func:`select_backend`, which would start the device runtime.
+
+    Keys: ``ACCEL_GRAPH_BACKEND``, ``backend``, ``device``, ``error``, ``accelerator`` (the
+    build's accelerator and its devices, :meth:`.AcceleratorPresence.as_dict`),
+    ``device_error`` (the current device failed the native backend's check: the text) and ``reason``
+    (one sentence, e.g. "build has CUDA 13.0, 0 device(s): graphs use the recorder on the CPU").
+    """
+    forced = config.backend_override()
+    found = accelerator_presence()
+    cpu_reason = device_error = None
+    try:
+        if forced is not None:
+            backend, dev = select_backend(None)
+        else:
+            backend, dev, cpu_reason, device_error = _default_route(check_device)
+        name, where, error = backend.name, str(dev), None
+    except Exception as exc:  # the report must not crash (an unknown forced name, say)
+        name, where, error = None, None, f"{type(exc).__name__}: {exc}"
+    if forced is not None:
+        reason = f"ACCEL_GRAPH_BACKEND={forced} forces the backend"
+    elif cpu_reason is not None:
+        reason = cpu_reason
+    elif found.device is not None and name == "recorder":
+        why = "; ".join(f"{n}: {r}" for n, r in probe_all().items()
+                        if r is not None and _serves(registered_backends()[n], found.device.type))
+        reason = (f"{found.state()}: graphs use the recorder on {where} (no native backend "
+                  f"is usable{': ' + why if why else ''})")
+    else:
+        reason = f"{found.state()}: graphs use the {name} backend on {where} (the current device)"
+    return {
+        "ACCEL_GRAPH_BACKEND": forced,
+        "backend": name,
+        "device": where,
+        "error": error,
+        "accelerator": found.as_dict(),
+        "device_error": device_error,
+        "reason": reason if error is None else f"{reason}; but routing failed: {error}",
+    }
 
 
 _routes: dict[str, str] = {}

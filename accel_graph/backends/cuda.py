@@ -69,7 +69,13 @@ class CudaBackend(NativeGraphBackend):
         return None
 
     def device_arch(self, index: int) -> str | None:
-        major, minor = self.module.get_device_capability(index)
+        try:
+            major, minor = self.module.get_device_capability(index)
+        except RuntimeError as exc:  # a driver that enumerates devices but cannot open them
+            raise BackendUnavailable(
+                f"cannot read the compute capability of cuda:{index} ({exc}): the NVIDIA driver "
+                f"failed; check that nvidia-smi lists the GPU, or pass device='cpu'"
+            ) from exc
         return f"sm_{major}{minor}"
 
     def arch_verdict(self, index: int) -> ArchVerdict:

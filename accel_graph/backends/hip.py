@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from ..errors import BackendUnavailable
 from .base import DeviceSpec
 from .device_facts import cuda_device_name, cuda_devices, fact, read_text, runtime_version, safe
 from .native import NativeGraphBackend
@@ -63,7 +64,13 @@ class HipBackend(NativeGraphBackend):
             return None
 
     def device_arch(self, index: int) -> str | None:
-        props = self.module.get_device_properties(index)
+        try:
+            props = self.module.get_device_properties(index)
+        except RuntimeError as exc:  # a driver that enumerates devices but cannot open them
+            raise BackendUnavailable(
+                f"cannot read the properties of cuda:{index} ({exc}): the ROCm driver failed; "
+                f"check that rocm-smi lists the GPU, or pass device='cpu'"
+            ) from exc
         name = getattr(props, "gcnArchName", None)
         try:
             return parse_gfx_arch(name).name if name else None

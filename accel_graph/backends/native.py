@@ -32,6 +32,7 @@ import torch
 from ..errors import AccelGraphError, BackendUnavailable, CaptureError, ConfigError
 from . import native_cf_support as cf_support
 from . import native_control_flow as control_flow
+from . import presence
 from .base import (
     CAPTURE_ERROR_MODES,
     Backend,
@@ -267,17 +268,16 @@ class NativeGraphBackend(Backend):
     # -- policy: probe ---------------------------------------------------------------------
     @classmethod
     def probe(cls) -> str | None:
-        """The build check (:meth:`probe_build`), then the vendor module and
-        ``is_available()``, then the graph class (:meth:`probe_graph_class`). Never initialises
-        a device: ``is_available()`` does not."""
+        """The build check (:meth:`probe_build`), then the vendor module, ``is_available()``
+        and ``device_count()`` (:func:`.presence.module_reason`: a raising driver is a reason),
+        then the graph class (:meth:`probe_graph_class`). Never initialises a device."""
         reason = cls.probe_build()
         if reason is not None:
             return reason
         mod = getattr(torch, cls.module_name, None)
-        if mod is None:
-            return f"torch {torch.__version__} has no torch.{cls.module_name} module"
-        if not mod.is_available():
-            return f"torch.{cls.module_name}.is_available() is False ({cls.no_device_reason})"
+        reason = presence.module_reason(cls.module_name, mod, cls.no_device_reason)
+        if reason is not None:
+            return reason
         return cls.probe_graph_class(mod)
 
     # -- mechanism hooks: a subclass overrides these where its vendor differs ---------------

@@ -96,8 +96,12 @@ def _sectioned_backends() -> list[type[Backend]]:
 
 
 def _torch_section() -> dict[str, Any]:
+    from ..torch_support import VERIFIED, is_verified
+
     v = torch.version
     return {
+        "verified": is_verified(torch.__version__),
+        "verified_releases": list(VERIFIED),
         "version": torch.__version__,
         "git_version": getattr(v, "git_version", None),
         "cuda": getattr(v, "cuda", None),
@@ -169,16 +173,34 @@ def _backend_entries() -> tuple[list[dict[str, Any]], list[str]]:
     return entries, problems
 
 
-def _routing(environ: Mapping[str, str]) -> dict[str, Any]:
-    from ..backends import select_backend
+def _routing(environ: Mapping[str, str], probe_devices: bool, problems: list[str]) -> dict[str, Any]:
+    """Where ``Graph()`` goes and why (:func:`accel_graph.backends.routing_report`); the
+    current-device check runs only with ``--probe-devices`` (it starts the device runtime)."""
+    from ..backends import routing_report
 
-    chosen, err = _safe(lambda: select_backend(None))
-    return {
-        "ACCEL_GRAPH_BACKEND": environ.get("ACCEL_GRAPH_BACKEND") or None,
-        "backend": chosen[0].name if chosen else None,
-        "device": str(chosen[1]) if chosen else None,
-        "error": err,
-    }
+    out = routing_report(check_device=probe_devices)
+    out["ACCEL_GRAPH_BACKEND"] = environ.get("ACCEL_GRAPH_BACKEND") or None
+    acc = out.get("accelerator") or {}
+    if acc.get("error") or out.get("device_error"):  # a failing driver is a problem; 0 devices is not
+        problems.append(f"routing: {out['reason']}")
+    return out
+
+
+def _graph_apis() -> dict[str, Any]:
+    """Graph-API presence read from the real torch modules, and what each native backend
+    captures of torch.cond / torch.while_loop with them (``graph_apis`` in docs/doctor.md)."""
+    from ..backends import registered_backends
+    from ..backends.native import NativeGraphBackend
+    from ..backends.native_cf_support import detect_support
+    from ..backends.torch_apis import graph_api_presence
+
+    control_flow: dict[str, Any] = {}
+    for name, cls in registered_backends().items():
+        # only the backends this build is for: hip's answer on a CUDA build would mislead
+        if issubclass(cls, NativeGraphBackend) and cls.probe_build() is None:
+            support = detect_support(name, cls.module_name, getattr(torch, cls.module_name, None))
+            control_flow[name] = {"cond": support.cond, "while_loop": support.while_loop, "switch": support.switch}
+    return {"apis": graph_api_presence(), "native_control_flow": control_flow}
 
 
 def _allocator(environ: Mapping[str, str], problems: list[str]) -> dict[str, Any]:
@@ -311,7 +333,10 @@ def collect(probe_devices: bool = False, environ: Mapping[str, str] | None = Non
     problems.extend(got[1])
     if err:
         problems.append(f"doctor could not collect 'backends': {err}")
-    sections: list[tuple[str, Callable[[], Any]]] = [("routing", lambda: _routing(env))]
+    sections: list[tuple[str, Callable[[], Any]]] = [
+        ("routing", lambda: _routing(env, probe_devices, problems)),
+        ("graph_apis", _graph_apis),
+    ]
     for cls in _sectioned_backends():  # nvidia, rocm, xpu: each native backend's own section
         key = cls.doctor_key or cls.name
         sections.append((key, lambda c=cls: c.doctor_section(probe_devices, problems)))
@@ -396,6 +421,19 @@ def format_report(r: Mapping[str, Any]) -> str:
         f"{routing.get('device') or '-'} (ACCEL_GRAPH_BACKEND={routing.get('ACCEL_GRAPH_BACKEND') or 'unset'})"
         + (f"; error: {routing['error']}" if routing.get("error") else "")
     )
+    if routing.get("reason"):
+        out.append(f"  why: {routing['reason']}")
+    if not t.get("verified", True):
+        out.append(f"  torch {t.get('version')} is outside the verified releases "
+                   f"({', '.join(t.get('verified_releases') or [])})")
+    out += ["", "graph APIs (read from the installed torch)"]
+    ga = r.get("graph_apis") or {}
+    apis = ga.get("apis") or {}
+    out += _kv([(k, ("present" if v.get("present") else "absent") + (f" ({v['error']})" if v.get("error") else ""))
+                for k, v in apis.items()])  # fmt: skip
+    for name, ops in (ga.get("native_control_flow") or {}).items():
+        out += _kv([(f"{name} {op}", "captured natively" if why is None else f"refused: {why}")
+                    for op, why in ops.items()])  # fmt: skip
     for cls in _sectioned_backends():  # each backend formats its own section
         out += ["", cls.doctor_title or cls.name]
         out += cls.doctor_lines(r.get(cls.doctor_key or cls.name))

@@ -42,6 +42,7 @@ import torch
 from .. import config
 from ..backends import BUILTIN_BACKENDS, get_backend, registered_backends, safe_probe
 from ..backends.base import Backend
+from ..backends.presence import accelerator_presence
 
 _OPTION = "--accel-graph-backend"
 _COMPILE_OPTION = "--accel-graph-compile"
@@ -105,15 +106,10 @@ def _is_native(name: str) -> bool:
 
 
 def _accelerator_type() -> str | None:
-    """The current accelerator's device type, or None on a CPU-only host."""
-    acc = getattr(torch, "accelerator", None)
-    try:
-        if acc is not None and hasattr(acc, "current_accelerator"):
-            dev = acc.current_accelerator() if acc.is_available() else None
-            return None if dev is None else dev.type
-        return "cuda" if torch.cuda.is_available() else None
-    except Exception:  # no accelerator runtime: behave as a CPU-only host
-        return None
+    """The current accelerator's device type when a device of it is present, else None (a CPU
+    build, or an accelerator build on a host with no such device: routing's own answer)."""
+    dev = accelerator_presence().device
+    return None if dev is None else dev.type
 
 
 def _compiles(name: str) -> bool:

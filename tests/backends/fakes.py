@@ -321,6 +321,9 @@ class FakeCudaModule(FakeDeviceModule):
         monkeypatch.setattr(torch.version, "cuda", None if hip else "12.8")
         monkeypatch.setattr(torch.version, "hip", hip)
         monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda *a, **k: torch.device("cuda"))
+        # torch.accelerator.device_count() is Python over torch.cuda.device_count() (the fake's);
+        # current_device_index() is C++ and would ask the real runtime: answer from the fake.
+        monkeypatch.setattr(torch.accelerator, "current_device_index", lambda: self._current, raising=False)
 
 
 class FakeAcceleratorGraphBase(FakeGraphBase):
@@ -400,6 +403,7 @@ class FakeXpuModule(FakeDeviceModule):
         else:
             monkeypatch.setattr(torch.accelerator, "Graph", self.AcceleratorGraph, raising=False)
         monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda *a, **k: torch.device("xpu"))
+        monkeypatch.setattr(torch.accelerator, "current_device_index", lambda: self._current, raising=False)
 
 
 # -- FAKE conditional-node capture (issue 18): plumbing only ----------------------------------

@@ -18,7 +18,6 @@ import accel_graph
 from accel_graph import BackendUnavailable, CaptureError, PoolError
 from accel_graph.backends import (
     get_backend,
-    probe_all,
     register_backend,
     registered_backends,
     select_backend,
@@ -43,11 +42,31 @@ def last_graph(fake: FakeCudaModule):  # noqa: ANN201
 
 
 # -- probes and routing -----------------------------------------------------------------------
-def test_fake_probes_on_the_real_cpu_build_give_reasons(native_registry: None) -> None:
-    reasons = probe_all()
-    assert reasons["cuda"] == "torch.version.cuda is None: this torch build has no CUDA support"
-    assert reasons["hip"] == "torch.version.hip is None: this is not a ROCm build of torch"
-    assert "torch.xpu.is_available() is False" in reasons["xpu"]
+def test_fake_cuda_build_with_no_device_routes_to_the_cpu_recorder(fake_cuda: FakeCudaModule) -> None:
+    # FAKE: pip's CUDA build on a GPU-less host (the real one is in test_real_modules.py).
+    fake_cuda.count, fake_cuda.available = 0, False
+    assert CudaBackend.probe() == (
+        "torch.cuda.is_available() is False (no NVIDIA driver or no visible device)"
+    )
+    backend, dev = select_backend(None)
+    assert (backend.name, dev) == ("recorder", torch.device("cpu"))
+    for explicit in ("cuda", "cuda:0", 0):
+        with pytest.raises(BackendUnavailable, match=r"0 cuda devices \(build has CUDA 12.8.*Pass device='cpu'"):
+            accel_graph.Graph(device=explicit)
+    assert not fake_cuda.initialized  # counting initialised nothing
+
+
+def test_fake_available_but_zero_devices_is_a_probe_reason(fake_cuda: FakeCudaModule) -> None:
+    fake_cuda.count = 0  # is_available() True but nothing to count: the probe says so
+    assert CudaBackend.probe() == (
+        "torch.cuda.device_count() is 0 (no NVIDIA driver or no visible device)"
+    )
+
+
+def test_fake_default_route_uses_the_current_device_index(fake_cuda: FakeCudaModule) -> None:
+    with fake_cuda.device(1):
+        backend, dev = select_backend(None)
+    assert backend.name == "cuda" and dev == torch.device("cuda", 1)
 
 
 def test_fake_cuda_probe_passes_without_initialising(fake_cuda: FakeCudaModule) -> None:
@@ -61,8 +80,19 @@ def test_fake_cuda_probe_unavailable(fake_cuda: FakeCudaModule) -> None:
     assert CudaBackend.probe() == (
         "torch.cuda.is_available() is False (no NVIDIA driver or no visible device)"
     )
+    with pytest.raises(BackendUnavailable, match="0 cuda devices"):
+        select_backend("cuda:0")  # is_available() False: no usable device, whatever the count
+
+
+def test_fake_cuda_without_graph_class_leaves_the_device_to_the_recorder(
+    fake_cuda: FakeCudaModule, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delattr(torch.cuda, "CUDAGraph")
+    assert CudaBackend.probe() == "torch.cuda.CUDAGraph is missing from this torch build"
     backend, dev = select_backend("cuda:0")
     assert backend.name == "recorder" and dev == torch.device("cuda:0")
+    backend, dev = select_backend(None)  # the device exists: the recorder serves it there
+    assert backend.name == "recorder" and dev == torch.device("cuda", 0)
 
 
 def test_fake_rocm_build_routes_cuda_devices_to_hip(fake_rocm: FakeCudaModule) -> None:

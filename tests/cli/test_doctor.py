@@ -24,6 +24,7 @@ from accel_graph.backends.base import Backend
 from accel_graph.backends.device_facts import NOT_CHECKED_CUDA
 from accel_graph.cli import doctor
 from accel_graph.cli.main import main
+from accel_graph.torch_support import release_of
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for backends.fakes
 from backends.fakes import FakeCudaModule, FakeXpuModule  # noqa: E402
@@ -66,6 +67,15 @@ def test_cpu_report_is_true(registry: None) -> None:
         assert r["allocator"]["device"] == "cpu"
         assert r["allocator"]["plugin"]["usable"] is False
         assert r["problems"] == []
+    if torch.version.cuda and torch.accelerator.device_count() == 0:  # pip's CUDA build, no GPU
+        assert b["recorder"]["usable"] and not b["cuda"]["usable"]
+        assert r["routing"]["backend"] == "recorder" and r["routing"]["device"] == "cpu"
+        assert r["routing"]["reason"] == (
+            f"build has CUDA {torch.version.cuda}, 0 devices: graphs use the recorder on the CPU"
+        )
+        assert r["routing"]["accelerator"]["device_count"] == 0
+        assert r["nvidia"]["devices"] is None and r["problems"] == []
+    assert r["torch"]["verified"] is (release_of(torch.__version__) in r["torch"]["verified_releases"])
     assert r["allocator"]["variable"] is None and r["allocator"]["canonical"] == ""
     assert r["recorder"]["usable"] and r["recorder"]["pool_limit_bytes"] is None
     assert torch.cuda.is_initialized() == was_init  # nothing was initialised
@@ -171,6 +181,29 @@ def test_fake_cuda_without_probe_initialises_nothing(registry: None, monkeypatch
     assert r["allocator"]["device"] == "cuda"
     text = doctor.format_report(r)
     assert "per-device verdict: not checked: would initialise CUDA" in text
+
+
+def test_fake_cuda_build_without_devices_says_why(registry: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = fake_cuda(monkeypatch, device_count=0)
+    fake.available = False
+    r = doctor.collect()
+    assert r["routing"]["backend"] == "recorder" and r["routing"]["device"] == "cpu"
+    assert r["routing"]["reason"] == "build has CUDA 12.8, 0 devices: graphs use the recorder on the CPU"
+    assert r["routing"]["accelerator"] == {
+        "device_type": "cuda", "build": "CUDA 12.8", "device_count": 0, "current_index": None,
+        "count_source": "torch.accelerator.is_available()", "error": None,
+    }
+    assert r["problems"] == []  # 0 devices is not a problem
+    assert "why: build has CUDA 12.8, 0 devices" in doctor.format_report(r)
+
+
+def test_fake_cuda_with_devices_names_the_current_one(registry: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = fake_cuda(monkeypatch)
+    with fake.device(1):
+        routing = doctor.collect()["routing"]
+    assert (routing["backend"], routing["device"]) == ("cuda", "cuda:1")
+    assert routing["reason"] == "build has CUDA 12.8, 2 devices: graphs use the cuda backend on cuda:1 (the current device)"
+    assert not fake.initialized
 
 
 def test_fake_cuda_probe_gives_arch_verdicts(registry: None, monkeypatch: pytest.MonkeyPatch) -> None:
