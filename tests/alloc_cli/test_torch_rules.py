@@ -25,7 +25,8 @@ def test_simulate_defaults_to_the_newest_rules(cli, frag_trace) -> None:
 @pytest.mark.parametrize("given, profile, rules", [
     ("2.13", "cuda-2.13", "2.13"), ("2.13.0+cpu", "cuda-2.13", "2.13"),
     ("2.14.1+cu130", "cuda-2.14", "2.14"), ("2.12", "cuda-2.12", "2.13"),
-    ("2.9", "cuda-2.9", "2.13"), ("2.15", "cuda-2.14", "2.14"),
+    ("2.11.0+cu130", "cuda-2.11", "2.11"), ("2.9", "cuda-2.9", "2.11"),
+    ("2.15", "cuda-2.14", "2.14"),
 ])  # fmt: skip
 def test_torch_picks_rules_and_profile(cli, frag_trace, given, profile, rules) -> None:
     r = cli("simulate", frag_trace, "--config", "max_split_size_mb:256", "--torch", given,
@@ -59,7 +60,7 @@ def test_explicit_profile_wins_and_a_mismatch_is_noted(cli, frag_trace) -> None:
     assert r.code == 0, r.err
     p = r.json()["predicted"]
     assert p["profile"] == "cuda-2.9" and p["config_rules"]["torch"] == "2.14"
-    assert any("describes torch 2.0-2.11, not the torch 2.14 given" in n for n in p["notes"])
+    assert any("describes torch 2.0-2.10, not the torch 2.14 given" in n for n in p["notes"])
 
 
 def test_every_scenario_command_reports_the_rules(cli, frag_trace, tmp_path) -> None:

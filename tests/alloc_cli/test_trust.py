@@ -200,7 +200,9 @@ def test_torch_version_assumed_and_inferred(cli, warm_path, warm):
         "at_least"] == "2.1"
     newer = warm_start_trace(steps=1, settings="large_segment_size_mb:64")
     newer.allocator_settings["PYTORCH_CUDA_ALLOC_CONF"] = "large_segment_size_mb:64"
-    assert infer_torch(newer)["at_least"] == "2.13"
+    # torch 2.11.0 already accepts large_segment_size_mb (measured: its frozen parity table)
+    assert infer_torch(newer)["at_least"] == "2.11"
+    assert "cuda-2.11" in infer_torch(newer)["evidence"][0]
     py313 = warm_start_trace(steps=1)
     py313.stacks = [tuple(dict(f, filename=str(f["filename"]).replace("python3.11", "python3.13"))
                           for f in st) for st in py313.stacks]
@@ -208,10 +210,33 @@ def test_torch_version_assumed_and_inferred(cli, warm_path, warm):
     assert seen["at_least"] == "2.5" and "Python 3.13" in seen["evidence"][0]
     prof = resolve_profile("cuda-2.13")
     assert knob_requirements("large_segment_size_mb:64,max_split_size_mb:32", prof) == {
-        "large_segment_size_mb": "2.13"}
+        "large_segment_size_mb": "2.11"}
     warned = version_warnings("large_segment_size_mb:64", prof, infer_torch(warm))
     assert [w.code for w in warned] == ["knob-needs-newer-torch"]
+    assert "needs torch 2.11 or later" in warned[0].message
     assert version_warnings("large_segment_size_mb:64", prof, infer_torch(newer)) == []
+
+
+@pytest.mark.parametrize("key, need", [
+    ("large_segment_size_mb:64", "2.11"), ("per_process_memory_fraction:0.5", "2.11"),
+    ("pinned_reserve_segment_size_mb:16", "2.11"), ("graph_capture_record_stream_reuse:True", "2.11"),
+    ("throw_on_cudamalloc_oom:True", "2.13"), ("pinned_free_catch_all:True", "2.13"),
+    ("pinned_max_round_threshold_mb:64", "2.13"), ("pinned_max_cached_size_mb:64", "2.13"),
+])  # fmt: skip
+def test_knob_versions_follow_the_measured_211_parser(key: str, need: str) -> None:
+    """What torch 2.11.0+cu130 accepts and refuses (tests/allocator/data/alloc_conf_torch-2.11.json)
+    is what `tune` says each key needs; a trace that shows 2.11 is warned only for the 2.13 keys."""
+    from accel_graph.allocator.alloc_conf import parse_config
+
+    assert knob_requirements(key, resolve_profile("cuda-2.14")) == {key.split(":")[0]: need}
+    if need == "2.11":
+        parse_config(key, "cuda", "2.11")
+    else:
+        with pytest.raises(ValueError, match="Unrecognized key"):
+            parse_config(key, "cuda", "2.11")
+    shows_211 = {"at_least": "2.11", "evidence": ["test"], "exact": False}
+    warned = version_warnings(key, resolve_profile("cuda-2.14"), shows_211)
+    assert [w.code for w in warned] == ([] if need == "2.11" else ["knob-needs-newer-torch"])
 
 
 # ------------------------------------------------------------------------------------------

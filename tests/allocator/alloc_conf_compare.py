@@ -22,13 +22,16 @@ def mismatch(theirs: list[str] | None, text: str, device: str, torch: str | None
     """Why our parse of ``text`` disagrees with torch's recorded outcome ``theirs`` (None: accepted;
     ``[type, message]``: raised), or None when they agree.
 
-    Agreement: both accept; or both reject and, where torch raised a ValueError with a real
+    Agreement: both accept; torch stopped at a missing driver (``DriverError``, a GPU-less
+    host) and we accept; or both reject and, where torch raised a ValueError with a real
     message, ours contains it verbatim; where torch only said ``stoull``/``stod``, raised an
     IndexError or tripped an internal assert, ours explains instead of echoing torch.
     """
     ours = our_outcome(text, device, torch)
     if theirs is None:
         return None if ours is None else f"torch accepts {text!r}, we reject it: {ours}"
+    if theirs[0] == "DriverError":  # torch parsed the string up to a driver call: not malformed
+        return None if ours is None else f"torch got past parsing {text!r} ({theirs[1]}), we reject it: {ours}"
     if ours is None:
         return f"torch rejects {text!r} ({theirs}), we accept it"
     kind, message = theirs

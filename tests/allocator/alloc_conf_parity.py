@@ -304,9 +304,21 @@ def _fresh_process_outcome(text: str) -> BaseException | None:
     return kind("\n".join(lines[1:]))
 
 
+#: What a CUDA build says when it asks a driver that is not there. torch 2.11 checks the driver
+#: while parsing ``backend:cudaMallocAsync`` (2.14 does not): on a GPU-less host that is the
+#: outcome, but it is the host's, not the parser's verdict on the string.
+DRIVER_ERRORS = ("cudaErrorInsufficientDriver", "Found no NVIDIA driver")
+
+
 def outcome_record(e: BaseException | None) -> list[str] | None:
-    """A JSON form of an outcome: None (accepted) or [exception type, message]."""
-    return None if e is None else [type(e).__name__, str(e).strip()]
+    """A JSON form of an outcome: None (accepted), [exception type, message], or
+    ``["DriverError", first line]`` when torch stopped at a missing driver (:data:`DRIVER_ERRORS`)."""
+    if e is None:
+        return None
+    text = str(e).strip()
+    if any(marker in text for marker in DRIVER_ERRORS):
+        return ["DriverError", text.splitlines()[0]]
+    return [type(e).__name__, text]
 
 
 def table_path(version: str) -> Path:

@@ -36,7 +36,7 @@ needs_npu = pytest.mark.skipif(NPU is None, reason="shared/traces/npu not found 
 
 
 def test_registry():
-    assert {"cuda-2.9", "cuda-2.12", "cuda-2.13", "cuda-2.14", "rocm-2.13", "npu", "xpu"} <= set(PROFILES)
+    assert {"cuda-2.9", "cuda-2.11", "cuda-2.12", "cuda-2.13", "cuda-2.14", "rocm-2.13", "npu", "xpu"} <= set(PROFILES)
     for name, p in PROFILES.items():
         assert isinstance(p, Profile) and p.name == name
         assert p.rounding in ROUNDING_RULES and p.policy in ("native", "xpu")
@@ -49,6 +49,8 @@ def test_registry():
 
 def test_profile_for_versions():
     assert profile_for("2.9.1", "cuda").name == "cuda-2.9"
+    assert profile_for("2.10.0", "cuda").name == "cuda-2.9"
+    assert profile_for("2.11.0+cu130", "cuda").name == "cuda-2.11"
     assert profile_for("2.12.0+cu128", "cuda").name == "cuda-2.12"
     assert profile_for((2, 13), "cuda").name == "cuda-2.13"
     assert profile_for("2.14.0.dev20260101", "cuda").name == "cuda-2.14"
@@ -69,7 +71,10 @@ def test_version_behaviour_flags():
     assert not get_profile("cuda-2.9").max_split_blocks_expandable_reuse
     assert get_profile("cuda-2.12").max_split_blocks_expandable_reuse
     assert get_profile("cuda-2.13").max_split_blocks_expandable_reuse
-    assert "large_segment_size_mb" not in get_profile("cuda-2.12").settings_keys
+    assert not get_profile("cuda-2.11").max_split_blocks_expandable_reuse  # assumed like 2.9.1
+    assert "large_segment_size_mb" not in get_profile("cuda-2.9").settings_keys
+    assert "large_segment_size_mb" in get_profile("cuda-2.11").settings_keys
+    assert "large_segment_size_mb" in get_profile("cuda-2.12").settings_keys
     assert "large_segment_size_mb" in get_profile("cuda-2.13").settings_keys
     assert get_profile("cuda-2.13").throw_on_cudamalloc_oom
     assert not get_profile("cuda-2.12").throw_on_cudamalloc_oom
@@ -129,3 +134,21 @@ def test_vectorised_rounding(name, divisions):
     sizes = [1, 4, 511, 512, 513, 1200, 16384, MIB - 1, MIB, 3 * MIB + 7, 700 * MIB + 1]
     got = round_requests(sizes, name, divisions)
     assert got.tolist() == [round_request(x, name, divisions) for x in sizes]
+
+
+def test_cuda_211_keys_are_what_torch_211_accepts():
+    """The cuda-2.11 profile honours exactly the keys torch 2.11.0+cu130's parser accepted on
+    its frozen table (tests/allocator/data/alloc_conf_torch-2.11.json) among the CUDA keys the
+    newest profile knows: measured, not copied from 2.13."""
+    import json
+
+    table = json.loads((Path(__file__).parent / "data" / "alloc_conf_torch-2.11.json").read_text())
+    assert table["torch"].startswith("2.11.")
+    refused = {t.split(":")[0] for t, o in table["outcomes"].items()
+               if o and o[1].startswith("Unrecognized key '") and t.count(":") == 1
+               and o[1] == f"Unrecognized key '{t.split(':')[0]}' in Accelerator allocator config."}
+    newest = get_profile("cuda-2.14").settings_keys
+    assert newest - get_profile("cuda-2.11").settings_keys == refused & newest
+    assert refused & newest == {"pinned_max_round_threshold_mb", "pinned_max_cached_size_mb",
+                                "pinned_free_catch_all", "throw_on_cudamalloc_oom"}
+    assert "measured on torch 2.11.0+cu130 only" in get_profile("cuda-2.11").notes

@@ -157,8 +157,12 @@ def test_roundup_not_applied_and_large_segment_fixed():
     es, _, notes = apply_profile(EngineSettings(roundup_power2_divisions=4),
                                  "cuda-2.13-rp2-ignored")
     assert es.divisions() == (0,) * 16 and notes
-    es, _, notes = apply_profile(EngineSettings(large_segment_size=40 * MIB), "cuda-2.12")
+    # before 2.11 the large segment is a fixed 20 MiB (cuda-2.9); 2.11 parses the key (measured)
+    es, _, notes = apply_profile(EngineSettings(large_segment_size=40 * MIB), "cuda-2.9")
     assert es.large_segment_size == 20 * MIB and any("large_segment_size" in n for n in notes)
+    for name in ("cuda-2.11", "cuda-2.12"):
+        es, _, _ = apply_profile(EngineSettings(large_segment_size=40 * MIB), name)
+        assert es.large_segment_size == 40 * MIB
     es, _, _ = apply_profile(EngineSettings(large_segment_size=40 * MIB), "cuda-2.13")
     assert es.large_segment_size == 40 * MIB
     es, _, _ = apply_profile(EngineSettings(), "cuda-2.9")

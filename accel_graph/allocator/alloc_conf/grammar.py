@@ -236,7 +236,8 @@ class ConfigParser:
                 i = self.parse_roundup(i)
             elif key in ("expandable_segments", "pinned_use_background_threads"):
                 i = self.parse_bool(i, key, key)
-            elif key in ("pinned_max_round_threshold_mb", "pinned_max_cached_size_mb"):
+            elif (key in ("pinned_max_round_threshold_mb", "pinned_max_cached_size_mb")
+                  and key in self.rules.core_keys):  # torch 2.11 does not know them
                 i = self.parse_pinned_mb(i, key, key[: -len("_mb")])
             else:
                 if self.device != "cpu" and key not in known:

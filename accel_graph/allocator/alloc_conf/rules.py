@@ -3,16 +3,20 @@ torch version whose parser was measured, chosen by :func:`rules_for`.
 
 Contract:
 
-- :data:`RULES` maps a rules name (``"2.13"``, ``"2.14"``) to the key sets and evidence of
-  that torch's parser; each covers an inclusive ``(major, minor)`` range, and together they
-  cover every torch 2.x. The newest (:data:`NEWEST_RULES`) is the default everywhere.
+- :data:`RULES` maps a rules name (``"2.11"``, ``"2.13"``, ``"2.14"``) to the key sets and
+  evidence of that torch's parser; each covers an inclusive ``(major, minor)`` range, and
+  together they cover every torch 2.x. The newest (:data:`NEWEST_RULES`) is the default
+  everywhere. A range is wider than what was measured (``measured_on``): versions in it that
+  were not run (2.0-2.10, 2.12) are *assumed* to parse like the measured one, and
+  :meth:`ParserRules.measured` says which case a version is.
 - :func:`rules_for` takes a torch version (``"2.14.1+cu130"``, ``"2.13"``, ``(2, 14)``), a
   rules object, or None (newest) and never guesses silently: a version it cannot read, or one
   outside torch 2.x, raises :class:`~accel_graph.errors.ConfigError` saying what to pass.
 - The rules differ only where a real torch was seen to differ. torch 2.14.1's parser accepts
   and rejects exactly what 2.13's does (docs/allocator-config.md "torch 2.14 vs 2.13" gives
   the evidence; tests/allocator/data/ holds the outcomes recorded from each real torch), so
-  today the two rule sets share their keys; a future difference lands here, in one place.
+  those two share their keys. torch 2.11.0 lacks four keys (two common, two CUDA-hook ones)
+  and otherwise parses alike; a future difference lands here, in one place.
 """
 
 from __future__ import annotations
@@ -38,6 +42,10 @@ _CORE_KEYS = (
     "pinned_max_round_threshold_mb",
     "pinned_max_cached_size_mb",
 )
+# torch 2.11.0's common keys (its shipped c10/core/AllocatorConfig.h getMutableKeys(), and
+# measured: 2.11 refuses the two pinned_max_* keys as unknown).
+_CORE_KEYS_211 = tuple(k for k in _CORE_KEYS
+                       if k not in ("pinned_max_round_threshold_mb", "pinned_max_cached_size_mb"))
 # Keys the CUDA/ROCm hook registers (CUDAAllocatorConfig::getKeys). Both spellings of the
 # cuda/hip pairs are accepted on both builds: torch breaks the strings up to dodge hipify.
 _CUDA_KEYS = (
@@ -53,6 +61,10 @@ _CUDA_KEYS = (
     "pinned_free_catch_all",
     "throw_on_cudamalloc_oom",
 )
+
+# torch 2.11.0's hook keys (c10/cuda/CUDAAllocatorConfig.h getKeys() of that wheel; measured).
+_CUDA_KEYS_211 = tuple(k for k in _CUDA_KEYS
+                       if k not in ("pinned_free_catch_all", "throw_on_cudamalloc_oom"))
 
 
 @dataclass(frozen=True)
@@ -72,22 +84,39 @@ class ParserRules:
         lo, hi = self.torch_versions
         return lo <= version <= hi
 
+    def measured(self, version: Version) -> bool:
+        """Whether a torch of this ``(major, minor)`` was run to record these rules (else the
+        rules are applied to it by assumption)."""
+        return any(parse_torch_version(m) == version for m in self.measured_on)
+
     def range_text(self) -> str:
         (a, b), (c, d) = self.torch_versions
         return f"{a}.{b} and later" if d >= 99 else f"{a}.{b}-{c}.{d}"
 
 
 RULES: dict[str, ParserRules] = {
+    "2.11": ParserRules(
+        name="2.11",
+        torch_versions=((2, 0), (2, 11)),
+        core_keys=_CORE_KEYS_211,
+        cuda_keys=_CUDA_KEYS_211,
+        measured_on=("2.11.0+cu130",),
+        notes="torch 2.11's token walk: the 2.13 grammar, values and messages, without "
+        "pinned_max_round_threshold_mb, pinned_max_cached_size_mb, pinned_free_catch_all and "
+        "throw_on_cudamalloc_oom ('Unrecognized key ... in Accelerator allocator config.'). "
+        "Measured on 2.11.0+cu130 only; 2.0-2.10 were not run and are read with these rules "
+        "by assumption (an older torch may know fewer keys still).",
+    ),
     "2.13": ParserRules(
         name="2.13",
-        torch_versions=((2, 0), (2, 13)),
+        torch_versions=((2, 12), (2, 13)),
         core_keys=_CORE_KEYS,
         cuda_keys=_CUDA_KEYS,
         measured_on=("2.13.0+cpu",),
-        notes="torch 2.13's token walk (c10/core/AllocatorConfig.cpp + the CUDA hook). Older "
-        "releases are parsed with these rules too: torch 2.11 lacks pinned_max_round_threshold_mb, "
-        "pinned_max_cached_size_mb, pinned_free_catch_all and throw_on_cudamalloc_oom (seen on "
-        "2.11.0+cu130), which these rules accept.",
+        notes="torch 2.13's token walk (c10/core/AllocatorConfig.cpp + the CUDA hook). "
+        "Measured on 2.13.0+cpu; the device keys on the 2.14.1 CUDA build, which parses alike. "
+        "2.12 was not run and is read with these rules by assumption (it may lack keys that "
+        "2.11 lacks).",
     ),
     "2.14": ParserRules(
         name="2.14",

@@ -39,12 +39,14 @@ import numpy as np
 
 from ..traces.actions import (
     A_ALLOC,
+    A_ANNOTATE,
     A_FREE,
     A_FREE_REQ,
     SEGMENT_ACTIONS,
     recording_peak,
     reserved_delta,
 )
+from ..traces.torch_snapshot import host_memory_counts
 from ..units import MIB
 from .sites import FRAME_RULE, held_by_site, site_ids, stack_chains, stack_sites
 from .walk import NEVER, Layout, Pairs, SegmentWalk, curve, final_segments, prepare
@@ -134,6 +136,29 @@ def _settings_info(trace: Any, device: int) -> dict[str, Any]:
 
 
 
+def _annotations_at(trace: Any, ev: np.ndarray, device: int, k: int, pairs: Pairs,
+                    untouched: list[tuple[int, int, int, bool, int]]) -> dict[str, Any]:
+    """torch 2.14's ``annotate`` events (``_annotate_tensor``) that name a block live at state
+    ``k``: each annotation made after the live block at its address was allocated (or on a
+    block live since before the recording), with its text (the event's ``user_metadata``)."""
+    idx = np.flatnonzero(ev["action"] == A_ANNOTATE)
+    out: dict[str, Any] = {"total": int(len(idx)), "on_blocks_live_at_peak": []}
+    if not len(idx):
+        return out
+    # address -> index of the alloc event of the block live there at k (-1: from before)
+    born: dict[int, int] = {int(u[0]): -1 for u in untouched if u[3]}
+    born.update((int(a), -1) for a in pairs.pre_addr[pairs.pre_fr >= k].tolist())
+    live = pairs.alloc_idx[(pairs.alloc_idx < k) & (pairs.fr_idx >= k)]
+    born.update(zip(ev["addr"][live].tolist(), live.tolist(), strict=True))
+    for i in idx[idx < k].tolist():
+        addr = int(ev["addr"][i])
+        if born.get(addr, i) < i:
+            extra = trace.event_extras.get((device, i), {})
+            out["on_blocks_live_at_peak"].append(
+                {"event_index": i, "addr": addr, "text": str(extra.get("user_metadata", ""))})
+    return out
+
+
 def inspect_trace(trace: Any, device: int = 0, top: int = 10) -> dict[str, Any]:
     """Diagnose one device of a recorded trace; returns the ``accel-alloc/inspect/1`` document
     without the ``trace`` (file name) field.
@@ -150,6 +175,9 @@ def inspect_trace(trace: Any, device: int = 0, top: int = 10) -> dict[str, Any]:
     - The moment is the state (after some number of events) with the highest reserved bytes;
       among equal ones, the one with the most requested bytes (so that the transient state
       between a ``segment_alloc`` and its ``alloc`` is not picked).
+    - ``annotations`` lists torch 2.14's ``annotate`` events on blocks live at that moment;
+      ``host_memory`` counts the snapshot's pinned host records (``host_segments``,
+      ``host_traces``; None when it has none), which no figure here includes.
     - Nothing is modified; the result holds only JSON types (dict, list, str, int, float, bool,
       None).
     """
@@ -303,6 +331,8 @@ def inspect_trace(trace: Any, device: int = 0, top: int = 10) -> dict[str, Any]:
             **seg_info,
         },
         "at_recording_peak": at_rec,
+        "annotations": _annotations_at(trace, ev, device, k, pairs, untouched),
+        "host_memory": host_memory_counts(trace.extra),
         "waste_at_peak": waste,
         "advice": advice,
         **sites,

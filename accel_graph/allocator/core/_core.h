@@ -52,6 +52,7 @@ enum {
     AG_EV_SEGMENT_MAP = 5,
     AG_EV_SEGMENT_UNMAP = 6,
     AG_EV_OOM = 7
+    /* 8 snapshot, 9 annotate (torch 2.14): trace-only actions, which the engine never emits */
 };
 
 /* Block states reported by ag_layout. */

@@ -59,13 +59,17 @@ _CUDA_KEYS = _CORE_KEYS | {
     "pinned_num_register_threads",
     "pinned_use_background_threads",
 }
-_CUDA_213_KEYS = _CUDA_KEYS | {
+#: What torch 2.11.0+cu130's parser accepts on top (measured: tests/allocator/data/
+#: alloc_conf_torch-2.11.json); the four 2.13 keys below it refuses as unknown.
+_CUDA_211_KEYS = _CUDA_KEYS | {
     "large_segment_size_mb",
-    "pinned_max_round_threshold_mb",
-    "pinned_max_cached_size_mb",
     "pinned_reserve_segment_size_mb",
     "graph_capture_record_stream_reuse",
     "per_process_memory_fraction",
+}
+_CUDA_213_KEYS = _CUDA_211_KEYS | {
+    "pinned_max_round_threshold_mb",
+    "pinned_max_cached_size_mb",
     "pinned_free_catch_all",
     "throw_on_cudamalloc_oom",
 }
@@ -191,7 +195,7 @@ def _add(p: Profile) -> None:
 _add(
     Profile(
         name="cuda-2.9",
-        torch_versions=((2, 0), (2, 11)),
+        torch_versions=((2, 0), (2, 10)),
         device="cuda",
         policy="native",
         settings_keys=_CUDA_KEYS,
@@ -200,9 +204,10 @@ _add(
         throw_on_cudamalloc_oom=False,
         notes=(
             "Before 2.12: max_split_size with expandable segments does not block reuse of expandable "
-            "blocks (782 MiB peak on the pytorch#193400 reproducer; measured on 2.9.1, 2.10 and 2.11 "
-            "not measured and assumed the same). kLargeBuffer is a fixed 20 MiB "
-            "(no large_segment_size_mb). An older revision filled the roundup '>' entry from "
+            "blocks (782 MiB peak on the pytorch#193400 reproducer; measured on 2.9.1, 2.10 "
+            "not measured and assumed the same). Config keys: the pre-2.11 set from the "
+            "reference, not measured here (torch 2.11 already has large_segment_size_mb, see "
+            "cuda-2.11); kLargeBuffer taken as a fixed 20 MiB. An older revision filled the roundup '>' entry from "
             "last_index instead of last_index+1 (torch-internals.md section 4); the exact release is "
             "not pinned down. No throw_on_cudamalloc_oom / pinned_free_catch_all (2.13+). "
             "2.9 -> 2.10 increased start-up fragmentation under vLLM (vllm#41158); not modelled. "
@@ -219,17 +224,50 @@ _add(
 )
 _add(
     Profile(
+        name="cuda-2.11",
+        torch_versions=((2, 11), (2, 11)),
+        device="cuda",
+        policy="native",
+        settings_keys=_CUDA_211_KEYS,
+        max_split_blocks_expandable_reuse=False,
+        throw_on_cudamalloc_oom=False,
+        notes=(
+            "Config keys measured on torch 2.11.0+cu130 only (its parser on 1,249 strings, "
+            "tests/allocator/data/alloc_conf_torch-2.11.json): it accepts large_segment_size_mb, "
+            "per_process_memory_fraction, pinned_reserve_segment_size_mb and "
+            "graph_capture_record_stream_reuse, and refuses pinned_max_round_threshold_mb, "
+            "pinned_max_cached_size_mb, pinned_free_catch_all and throw_on_cudamalloc_oom as "
+            "unknown. large_segment_size_mb sizes large segments as in 2.13 (assumed: 2.11's "
+            "shipped AllocatorConfig.h has the large_segment_size() accessor; the allocator's "
+            ".cpp is not shipped). Allocator behaviour not measured (no GPU here): expandable "
+            "blocks are reused regardless of max_split_size as measured on 2.9.1 "
+            "(pytorch#193400 has 782 MiB there, 16,000 MiB on 2.12-2.14); 2.11 assumed like "
+            "2.9.1. The roundup '>' fill is the 2.13 one (2.11 has 2.13's parser: the same "
+            "messages on every recorded string). " + _ENGINE_ES_FLAG
+        ),
+        references=(
+            "tests/allocator/data/alloc_conf_torch-2.11.json",
+            "torch 2.11.0 wheel: include/c10/core/AllocatorConfig.h, c10/cuda/CUDAAllocatorConfig.h",
+            "pytorch/pytorch#193400",
+        ),
+    )
+)
+_add(
+    Profile(
         name="cuda-2.12",
         torch_versions=((2, 12), (2, 12)),
         device="cuda",
         policy="native",
-        settings_keys=_CUDA_KEYS,
+        settings_keys=_CUDA_211_KEYS,
         throw_on_cudamalloc_oom=False,
         notes=(
-            _ES_NOTE + "kLargeBuffer fixed at 20 MiB (large_segment_size_mb arrives in 2.13); "
-            "no throw_on_cudamalloc_oom. The engine's default large_segment_size (20 MiB) matches."
+            _ES_NOTE + "Config keys not measured on 2.12: taken as 2.11's (measured), which "
+            "2.13 also has; the four keys 2.11 lacks (throw_on_cudamalloc_oom, "
+            "pinned_free_catch_all, pinned_max_round_threshold_mb, pinned_max_cached_size_mb) "
+            "are counted from 2.13, where they were measured. " + _ENGINE_213
         ),
-        references=("pytorch/pytorch#193400", "allocator-semantics.md 4.3"),
+        references=("pytorch/pytorch#193400", "allocator-semantics.md 4.3",
+                    "tests/allocator/data/alloc_conf_torch-2.11.json"),
     )
 )
 _add(
@@ -360,7 +398,7 @@ _add(
 )
 
 #: Newest profile per device, used by profile_for when several cover a version.
-_DEFAULT_ORDER = ("cuda-2.14", "cuda-2.13", "cuda-2.12", "cuda-2.9", "rocm-2.13", "npu", "xpu")
+_DEFAULT_ORDER = ("cuda-2.14", "cuda-2.13", "cuda-2.12", "cuda-2.11", "cuda-2.9", "rocm-2.13", "npu", "xpu")
 _DEVICE_ALIASES = {"cuda": "cuda", "rocm": "rocm", "hip": "rocm", "npu": "npu", "xpu": "xpu"}
 
 

@@ -19,6 +19,8 @@ ACTIONS: tuple[str, ...] = (
     "segment_unmap",
     "oom",
     "snapshot",
+    # torch 2.14 (_annotate_tensor): metadata attached to a live allocation; allocates nothing
+    "annotate",
 )
 ACTION_CODE: dict[str, int] = {name: code for code, name in enumerate(ACTIONS)}
 
@@ -31,6 +33,9 @@ A_SEG_FREE = ACTION_CODE["segment_free"]
 A_MAP = ACTION_CODE["segment_map"]
 A_UNMAP = ACTION_CODE["segment_unmap"]
 A_OOM = ACTION_CODE["oom"]
+A_SNAPSHOT = ACTION_CODE["snapshot"]
+#: ``addr`` is the annotated allocation's base address; the text is the event's user_metadata.
+A_ANNOTATE = ACTION_CODE["annotate"]
 #: Events that change reserved memory: growth (allocate, map) and shrinkage (free, unmap).
 GROW_ACTIONS = (A_SEG_ALLOC, A_MAP)
 SHRINK_ACTIONS = (A_SEG_FREE, A_UNMAP)

@@ -108,6 +108,10 @@ def validate_device(
             mapped.append((addr, addr + size))
         elif code == codes["segment_unmap"]:
             mapped = _subtract(mapped, addr, addr + size)
+        elif code == codes["annotate"] and addr not in live and addr in touched:
+            # torch annotates live allocations only; an untouched address may be a block
+            # allocated before the recording began
+            add(report.warnings, f"{where}: annotates a block that was freed (not live)")
 
 
 def _subtract(ranges: list[tuple[int, int]], lo: int, hi: int) -> list[tuple[int, int]]:

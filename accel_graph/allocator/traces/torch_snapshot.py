@@ -1,9 +1,28 @@
 """PyTorch memory snapshots in and out: the checked conversion between torch's snapshot dicts
 (untrusted input) and event arrays of :data:`~.record.TRACE_DTYPE`.
 
-:func:`read_snapshot` checks every value it keeps and raises :class:`TraceFormatError` for
-anything that is not plain snapshot data; :func:`events_to_entries` writes one device's events
-back as torch's trace-entry dicts.
+:func:`read_snapshot` checks every value it keeps (the value checks are
+:mod:`.snapshot_values`') and raises :class:`TraceFormatError` for anything that is not plain
+snapshot data; :func:`events_to_entries` writes one device's events back as torch's
+trace-entry dicts.
+
+What each torch writes, and what is read here (field names from torch 2.14.1's
+``torch/cuda/memory.py`` ``_snapshot`` docstring, ``torch/cuda/_memory_viz.py`` and
+``c10/core/CachingDeviceAllocator.h``):
+
+- ``segments``, ``device_traces`` (one event list per device), ``allocator_settings``,
+  ``external_annotations``: every torch since 2.1.
+- Trace entries: ``action``, ``addr`` (``device_free`` for ``oom``), ``size``, ``stream``,
+  ``time_us``, ``frames``; newer ones ``pool_id``, ``compile_context`` and ``user_metadata``
+  (the calling thread's ``_set_memory_metadata`` string: per thread since 2.14). Keys beyond
+  the first six are kept per event (``event_extras``) and written back.
+- ``annotate`` (torch 2.14, ``_annotate_tensor``): metadata attached to a live allocation
+  after the fact; ``addr`` is the allocation's base address and ``user_metadata`` the text.
+  It is an event like the others (code ``A_ANNOTATE``) that allocates and frees nothing.
+- ``host_segments``/``host_traces`` (torch 2.14, ``_record_memory_history(
+  record_pinned_host_memory=True)``): the pinned host allocator's segments and events. They
+  must be lists; they are kept verbatim (``extra``) and are not device memory, so no replay
+  reads them (:func:`host_memory_counts` says how much a snapshot holds).
 """
 
 from __future__ import annotations
@@ -13,32 +32,35 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ...errors import TraceFormatError
 from .actions import ACTION_CODE, ACTIONS
-from .record import DEVICE_TYPES, META_KEY, NO_FRAMES, NO_TIME, TRACE_DTYPE, TraceLimits, show
+from .record import DEVICE_TYPES, META_KEY, NO_FRAMES, NO_TIME, TRACE_DTYPE, TraceLimits
+from .snapshot_values import ADDR_MAX, INT64_MAX, INT64_MIN, SnapshotValueChecker, Stack
 
 __all__ = [
     "BLOCK_STATES",
+    "HOST_KEYS",
     "SnapshotParts",
     "Stack",
     "events_to_entries",
+    "host_memory_counts",
     "read_snapshot",
 ]
 
 
 BLOCK_STATES = ("active_allocated", "active_pending_free", "active_awaiting_free", "inactive")
+#: torch 2.14's pinned host memory records (top-level lists; not device memory).
+HOST_KEYS = ("host_segments", "host_traces")
 _EVENT_KEYS = frozenset({"action", "addr", "size", "stream", "time_us", "frames", "device_free"})
-_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
-#: Block, segment and event addresses must fit the int64 arrays the analyses put them in
-#: (``inspect``'s layout): one limit for all, so a trace that loads is one every command reads
-#: (an event at 2^63 used to load, then crash ``inspect`` with an OverflowError, exit 70). No
-#: device hands out such addresses (CUDA's, ROCm's, x86-64's are 48 or 57 bits).
-_ADDR_MAX = _INT64_MAX
-_PLAIN_SCALARS = (str, int, float, bool, type(None))
 _OOM = ACTION_CODE["oom"]
 
-Frame = dict[str, Any]
-Stack = tuple[Frame, ...]
+
+def host_memory_counts(extra: dict[str, Any]) -> dict[str, int] | None:
+    """``{"host_segments": n, "host_traces": m}`` for a snapshot's kept top-level keys
+    (``Trace.extra``), None when it has neither (a torch before 2.14, or host recording off
+    and the keys absent). Both are lists once :func:`read_snapshot` accepted them."""
+    if not any(k in extra for k in HOST_KEYS):
+        return None
+    return {k: len(extra.get(k) or []) for k in HOST_KEYS}
 
 
 class SnapshotParts(NamedTuple):
@@ -62,31 +84,8 @@ def read_snapshot(obj: object, source: str, limits: TraceLimits) -> SnapshotPart
     return _SnapshotReader(source, limits).read(obj)
 
 
-class _SnapshotReader:
+class _SnapshotReader(SnapshotValueChecker):
     """Turns an untrusted snapshot object into a Trace, checking every value it keeps."""
-
-    def __init__(self, source: str, limits: TraceLimits) -> None:
-        self.source = source
-        self.limits = limits
-        self.stack_index: dict[tuple[int, ...], int] = {}
-        self.stack_by_id: dict[int, int] = {}
-        self.frames: list[Frame] = []
-        self.frame_index: dict[tuple[Any, ...], int] = {}
-        self.frame_by_id: dict[int, int] = {}
-        self.stacks: list[Stack] = []
-        # id -> expanded size of each plain container (and long string) checked so far; the
-        # objects stay alive in the snapshot being read, so no id is reused meanwhile.
-        self.sizes: dict[int, int] = {}
-        self.distinct = 0  # plain data units, each object once
-        self.expanded = 0  # plain data units, shared objects at every reference
-        # Objects whose id() is cached in stack_by_id, kept alive so no id is ever reused.
-        self.keep_alive: list[object] = []
-
-    def fail(self, where: str, what: str) -> TraceFormatError:
-        return TraceFormatError(
-            f"{self.source}: {where}: {what}. This is not a valid PyTorch memory snapshot; "
-            "check that the file is a complete _dump_snapshot()/save_trace() output."
-        )
 
     def read(self, obj: object) -> SnapshotParts:
         if isinstance(obj, list):  # legacy format: torch.cuda.memory_snapshot() segments only
@@ -112,6 +111,10 @@ class _SnapshotReader:
         device_type = None
         if isinstance(meta, dict) and meta.get("device_type") in DEVICE_TYPES:
             device_type = meta["device_type"]
+        for key in HOST_KEYS:  # torch 2.14: kept verbatim below, but they must be lists
+            if key in obj and not isinstance(obj[key], list):
+                raise self.fail(key, f"expected a list (torch's pinned host memory records), "
+                                f"got {type(obj[key]).__name__}")
         known = {"segments", "device_traces", "allocator_settings", "external_annotations", META_KEY}
         extra = {k: v for k, v in obj.items() if k not in known}
         for k, v in extra.items():
@@ -129,57 +132,6 @@ class _SnapshotReader:
             traces, segments, settings, device_type, self.stacks, annotations, extras, extra
         )
 
-    # -- generic plain-data check (for what we keep verbatim)
-    def plain(self, obj: object, where: str, depth: int = 0) -> int:
-        """Check that ``obj`` is plain data; return its size printed in full (units of about a
-        byte), shared sub-objects counted at every reference. Each distinct object is walked
-        once, and adds its own size to ``self.distinct``."""
-        if isinstance(obj, str):
-            n = len(obj) + 2
-            if n <= 64 or self.sizes.setdefault(id(obj), n) is n:  # long strings: once by id
-                self.distinct += n
-            return n
-        if isinstance(obj, int):
-            n = obj.bit_length() // 3 + 2
-            self.distinct += n
-            return n
-        if isinstance(obj, (float, type(None))):
-            self.distinct += 8
-            return 8
-        if depth > self.limits.max_nesting:
-            raise self.fail(where, f"nested deeper than {self.limits.max_nesting} levels")
-        known = self.sizes.get(id(obj))
-        if known is not None:  # shared sub-objects are checked once (no blow-up)
-            return known
-        total = 2
-        if isinstance(obj, dict):
-            for k, v in obj.items():
-                if not isinstance(k, (str, int)):
-                    raise self.fail(where, f"dict key of type {type(k).__name__}")
-                key = k[:80] if isinstance(k, str) else show(k)
-                total += self.plain(k, where) + self.plain(v, f"{where}.{key}", depth + 1) + 2
-        elif isinstance(obj, (list, tuple)):
-            for i, v in enumerate(obj):
-                total += self.plain(v, f"{where}[{i}]", depth + 1) + 2
-        else:
-            raise self.fail(
-                where, f"value of type {type(obj).__name__}, which snapshots never hold"
-            )
-        self.distinct += 2 + 2 * len(obj)
-        self.sizes[id(obj)] = total
-        return total
-
-    def integer(self, value: object, where: str, lo: int = 0, hi: int | None = None) -> int:
-        hi = self.limits.max_bytes_value if hi is None else hi
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise self.fail(where, f"expected an integer, got {type(value).__name__}")
-        if value < lo:
-            raise self.fail(where, f"negative value {show(value)}" if lo == 0
-                            else f"value {show(value)} below {lo}")
-        if value > hi:
-            raise self.fail(where, f"absurd value {show(value)} (limit {hi})")
-        return value
-
     def segments(self, segments: object) -> list[dict[str, Any]]:
         if not isinstance(segments, list):
             raise self.fail("segments", f"expected a list, got {type(segments).__name__}")
@@ -194,7 +146,7 @@ class _SnapshotReader:
             for key in ("address", "total_size", "blocks"):
                 if key not in seg:
                     raise self.fail(where, f"missing '{key}'")
-            self.integer(seg["address"], f"{where}.address", hi=_ADDR_MAX)
+            self.integer(seg["address"], f"{where}.address", hi=ADDR_MAX)
             self.integer(seg["total_size"], f"{where}.total_size")
             for key in ("allocated_size", "active_size", "requested_size"):
                 if key in seg:
@@ -202,7 +154,7 @@ class _SnapshotReader:
             if "device" in seg:
                 self.integer(seg["device"], f"{where}.device", hi=self.limits.max_devices - 1)
             if "stream" in seg:
-                self.integer(seg["stream"], f"{where}.stream", _INT64_MIN, _INT64_MAX)
+                self.integer(seg["stream"], f"{where}.stream", INT64_MIN, INT64_MAX)
             blocks = seg["blocks"]
             if not isinstance(blocks, list):
                 raise self.fail(f"{where}.blocks", "expected a list")
@@ -220,7 +172,7 @@ class _SnapshotReader:
                     raise self.fail(bw, "missing 'size'")
                 self.integer(b["size"], f"{bw}.size")
                 if "address" in b:
-                    self.integer(b["address"], f"{bw}.address", hi=_ADDR_MAX)
+                    self.integer(b["address"], f"{bw}.address", hi=ADDR_MAX)
                 elif not legacy:
                     raise self.fail(bw, "missing 'address' (other blocks of the segment have one)")
                 if "requested_size" in b:
@@ -232,7 +184,7 @@ class _SnapshotReader:
                 for x in pool:
                     self.integer(x, f"{where}.segment_pool_id", hi=(1 << 31) - 1)
             elif pool is not None:
-                self.integer(pool, f"{where}.segment_pool_id", _INT64_MIN, _INT64_MAX)
+                self.integer(pool, f"{where}.segment_pool_id", INT64_MIN, INT64_MAX)
             seg = dict(seg)
             if isinstance(pool, list):  # JSON has no tuples; torch writes a 2-tuple
                 seg["segment_pool_id"] = tuple(pool)
@@ -240,50 +192,10 @@ class _SnapshotReader:
                 seg["blocks"] = blocks = [dict(b) for b in blocks]
                 for b in blocks:
                     b["address"], at = at, at + b["size"]
-                self.integer(at, f"{where}.blocks", hi=_ADDR_MAX)
+                self.integer(at, f"{where}.blocks", hi=ADDR_MAX)
             self.expanded += self.plain(seg, where)
             out.append(seg)
         return out
-
-    def stack(self, frames: object, where: str) -> int:
-        """Intern a frames list. Pickles share frame dicts (and sometimes whole lists) through
-        their memo, so both are cached by identity: each distinct object is checked once."""
-        index = self.stack_by_id.get(id(frames))
-        if index is not None:
-            return index
-        if type(frames) is not list:
-            raise self.fail(where, f"frames must be a list, got {type(frames).__name__}")
-        if not frames:
-            index = NO_FRAMES
-        else:
-            if len(frames) > self.limits.max_stack_depth:
-                raise self.fail(where, f"{len(frames)} frames exceed the limit")
-            by_id = self.frame_by_id
-            key = tuple([by_id.get(id(f)) or self.frame(f, where) for f in frames])
-            index = self.stack_index.get(key)
-            if index is None:
-                index = self.stack_index[key] = len(self.stacks)
-                self.stacks.append(tuple(self.frames[k - 1] for k in key))
-        self.stack_by_id[id(frames)] = index
-        self.keep_alive.append(frames)
-        return index
-
-    def frame(self, frame: object, where: str) -> int:
-        """Check and intern one frame dict; returns its 1-based id (0 is never used)."""
-        if type(frame) is not dict:
-            raise self.fail(where, f"a frame must be a dict, got {type(frame).__name__}")
-        for k, v in frame.items():
-            if type(k) is not str or not isinstance(v, _PLAIN_SCALARS):
-                key = show(k) if type(k) is int else repr(k)[:80]
-                raise self.fail(where, f"frame entry {key} must map a string to a scalar")
-        content = tuple(frame.items())
-        fid = self.frame_index.get(content)
-        if fid is None:
-            self.frames.append(frame)
-            fid = self.frame_index[content] = len(self.frames)
-        self.frame_by_id[id(frame)] = fid
-        self.keep_alive.append(frame)
-        return fid
 
     def device_traces(
         self, traces: object
@@ -360,7 +272,7 @@ class _SnapshotReader:
         except OverflowError:
             return None
         if (int(sizes.max()) > self.limits.max_bytes_value or int(times.min()) < NO_TIME
-                or int(out["addr"].max()) > _ADDR_MAX):  # fmt: skip
+                or int(out["addr"].max()) > ADDR_MAX):  # fmt: skip
             return None
         if int(np.count_nonzero(times == NO_TIME)) != absent:
             return None  # an explicit time_us of -1
@@ -402,26 +314,26 @@ class _SnapshotReader:
                 s = e["size"]
             except KeyError as k:
                 raise self.fail(f"device_traces[{device}][{i}]", f"missing {k}") from None
-            if (type(a) is not int or type(s) is not int or not 0 <= a <= _ADDR_MAX
+            if (type(a) is not int or type(s) is not int or not 0 <= a <= ADDR_MAX
                     or not 0 <= s <= self.limits.max_bytes_value):  # fmt: skip
                 where = f"device_traces[{device}][{i}] ({ACTIONS[code]})"
                 key = "device_free" if code == _OOM else "addr"
-                self.integer(a, f"{where}.{key}", hi=_ADDR_MAX)
+                self.integer(a, f"{where}.{key}", hi=ADDR_MAX)
                 self.integer(s, f"{where}.size")
             addr[i], size[i] = a, s
             st = e.get("stream", 0)
-            if type(st) is not int or not _INT64_MIN <= st <= _INT64_MAX:
-                self.integer(st, f"device_traces[{device}][{i}].stream", _INT64_MIN, _INT64_MAX)
+            if type(st) is not int or not INT64_MIN <= st <= INT64_MAX:
+                self.integer(st, f"device_traces[{device}][{i}].stream", INT64_MIN, INT64_MAX)
             stream[i] = st
             t = e.get("time_us")
             if t is None:
                 t = NO_TIME
-            elif type(t) is not int or not 0 <= t <= _INT64_MAX:
-                self.integer(t, f"device_traces[{device}][{i}].time_us", 0, _INT64_MAX)
+            elif type(t) is not int or not 0 <= t <= INT64_MAX:
+                self.integer(t, f"device_traces[{device}][{i}].time_us", 0, INT64_MAX)
             time_us[i] = t
             p = e.get("pool_id", 0)
             if type(p) is not int:
-                self.integer(p, f"device_traces[{device}][{i}].pool_id", _INT64_MIN, _INT64_MAX)
+                self.integer(p, f"device_traces[{device}][{i}].pool_id", INT64_MIN, INT64_MAX)
             pool[i] = p
             fr = e.get("frames")
             frames[i] = NO_FRAMES if fr is None else self.stack(fr, f"device_traces[{device}][{i}]")

@@ -207,6 +207,19 @@ def render(p: dict[str, Any]) -> str:
         lines.append(f"frame rule: {p['sites_rule']}")
     else:
         lines.append(p.get("sites_note") or "no allocation sites to list")
+    ann = p.get("annotations") or {}
+    if ann.get("total"):
+        live = ann["on_blocks_live_at_peak"]
+        lines += ["", f"Annotations (torch 2.14 _annotate_tensor): {ann['total']:,} in the trace, "
+                  f"{len(live):,} on blocks live at the peak of reserved ({moment})"]
+        lines += [f"- {a['addr']:#x}: {a['text']} (event {a['event_index']:,})" for a in live[:20]]
+        if len(live) > 20:
+            lines.append(f"- ... and {len(live) - 20:,} more (--json lists all)")
+    host = p.get("host_memory")
+    if host:
+        lines += ["", f"pinned host memory (torch 2.14 host_segments/host_traces): "
+                  f"{host['host_segments']:,} segments, {host['host_traces']:,} events recorded; "
+                  "not device memory, so no figure above includes them"]
     if p.get("notes"):
         lines += [""] + [f"note: {n}" for n in p["notes"]]
     return "\n".join(lines)
