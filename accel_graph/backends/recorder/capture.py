@@ -31,7 +31,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ...errors import CaptureError
 from . import collectives as coll
-from . import hostflags, rng
+from . import hostflags, hostreads, rng
 from . import ops as opinfo
 from .control_flow import register_rules
 from .modes import mode_stack, remove_mode
@@ -155,6 +155,8 @@ class Capture:
                                    rng.weak_method(self, "_refused"), generators)
         #: The process-wide compute settings the last recorded op ran under (hostflags).
         self.flags = hostflags.snapshot()
+        #: The host-read check of the capturing thread (:mod:`.hostreads`), while it holds one.
+        self._reads: object | None = None
 
     # -- lifecycle ----------------------------------------------------------------------
     def begin(self) -> None:
@@ -167,6 +169,19 @@ class Capture:
         set_active_capture(self)
         self.mode.__enter__()
         self.rng.begin()
+        hostreads.acquire()
+        ref = weakref.ref(self)
+        self._reads = hostreads.watch(
+            self.device.type, lambda: (c := ref()) is not None and c.over is None,
+            rng.weak_method(self, "_refused"))
+
+    def _release_reads(self) -> None:
+        """Stop checking host reads (idempotent; from any thread: a read on the capturing
+        thread after an end from elsewhere sees ``over`` and passes)."""
+        token, self._reads = self._reads, None
+        if token is not None:
+            hostreads.unwatch(token)
+            hostreads.release()
 
     def release_pool(self) -> None:
         """Stop listening on the pool (idempotent): its capture count drops once."""
@@ -184,6 +199,7 @@ class Capture:
                 self.sync_flags()  # what the code left set, re-applied at the end of replay
             self.over = why
         self.rng.end()
+        self._release_reads()
         if self.thread is threading.current_thread():
             if getattr(_tls, "capture", None) is self:
                 _tls.capture = None
@@ -199,6 +215,7 @@ class Capture:
         self.invalidated_by = msg if str(func) in msg else f"{func}: {msg}"
         self.over = f"invalidated by {self.invalidated_by}"
         self.rng.end()
+        self._release_reads()
         if getattr(_tls, "capture", None) is self:
             _tls.capture = None
         self.release_pool()
