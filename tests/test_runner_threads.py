@@ -112,3 +112,35 @@ def _catch(box: list, r, x) -> None:
         r(x)
     except BaseException as exc:  # noqa: BLE001
         box.append(exc)
+
+
+def test_a_reused_thread_ident_does_not_let_two_threads_share_views() -> None:
+    """The OS reuses a dead thread's ident for the next thread it starts. The served thread is
+    tracked by Thread object: a new thread with the dead one's ident is a new thread (found by
+    the state-machine fuzz test: two threads were served at once, one read the other's outputs)."""
+    fn = _fn(torch.randn(8, 8))
+    r = ag.GraphRunner(fn, (torch.randn(4, 8),), max_batch=4, device="cpu", verify=False).capture()
+    a_may_call, b_done, a_done = threading.Event(), threading.Event(), threading.Event()
+    errors: list = []
+
+    def a() -> None:
+        ghost = threading.Thread(target=lambda: None)  # never started: not alive
+        ghost._ident = threading.get_ident()  # a dead thread that had this thread's ident
+        r._guard._bound = ghost
+        r(torch.randn(2, 8))  # served: it takes over from the dead thread
+        a_may_call.set()
+        b_done.wait(timeout=30)
+        a_done.set()
+
+    def b() -> None:
+        a_may_call.wait(timeout=30)
+        _catch(errors, r, torch.randn(2, 8))  # a is alive and holds views: refused
+        b_done.set()
+
+    ts = [threading.Thread(target=a), threading.Thread(target=b)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(timeout=60)
+    assert a_done.is_set()
+    assert len(errors) == 1 and isinstance(errors[0], AccelGraphError), errors

@@ -56,10 +56,13 @@ class CallGuard:
             )
         self._lock.acquire()
         if shared_outputs:
+            # By Thread object, not ident: a dead thread's ident is reused by the next thread
+            # the OS starts, which would then be taken for the served one (found by the fuzz
+            # test: two threads served at once, one reading the other's outputs).
             bound = self._bound
-            if bound is not None and bound.ident != me and bound.is_alive():
+            here = threading.current_thread()
+            if bound is not None and bound is not here and bound.is_alive():
                 self._lock.release()
-                here = threading.current_thread()
                 raise AccelGraphError(
                     f"GraphRunner called from thread {here.name!r} while it serves thread "
                     f"{bound.name!r}: with copy_outputs=False each call returns views of static "
@@ -68,8 +71,7 @@ class CallGuard:
                     f"= True) to share the runner between threads (calls are then serialised and "
                     f"each caller gets its own copy), or call it from one thread only"
                 )
-            if bound is None or bound.ident != me:
-                self._bound = threading.current_thread()
+            self._bound = here
         self._owner = me
 
     def exit(self) -> None:

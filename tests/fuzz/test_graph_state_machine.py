@@ -134,8 +134,13 @@ class GraphMachine(RuleBasedStateMachine):
                     problems.append(f"raw {exc!r}")
                     continue
                 served.append(1)
-                if not torch.equal(out, fn(x)):
-                    problems.append("a call returned another call's outputs")
+                # Not bitwise: a bucket's replay (or padded fallback) runs the kernels on the
+                # padded batch, whose vectorised tails may round the last bit differently
+                # from eager on the live rows. Another call's outputs are off by O(1).
+                expected = fn(x)
+                if not torch.allclose(out, expected, rtol=1e-5, atol=1e-6):
+                    problems.append(f"a call returned another call's outputs (max diff "
+                                    f"{(out - expected).abs().max().item():.3g})")
 
         ts = [threading.Thread(target=worker, args=(k,)) for k in range(threads)]
         for t in ts:
