@@ -83,6 +83,10 @@ def _frozen(x: Any) -> Any:
         return tuple(_frozen(y) for y in x)
     if isinstance(x, torch.Generator):
         return "<generator>"
+    if isinstance(x, torch.ScriptObject):
+        # Handles (a profiler range's RecordFunction): an object, not a baked number, and one
+        # torch gives no == for (it raises).
+        return "<script object>"
     return x
 
 

@@ -15,12 +15,15 @@ illegal op). On the CPU the host is the device, so every CPU tensor counts.
 
 The methods are wrapped on ``torch.Tensor`` only while some capture is underway (a count, as the
 generator interception of :mod:`.rng`); other threads and other devices pass straight through.
-Not intercepted: ``__dlpack__`` (an export of the memory, not a read: the consumer may be
+Also let through: ``repr``/``format`` called from torch's own code, which words an error it is
+about to raise with the tensor (``torch.cond``'s bad-predicate message). Not intercepted:
+``__dlpack__`` (an export of the memory, not a read: the consumer may be
 device code, legal on CUDA) and code that bound a method before the capture began.
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -50,6 +53,10 @@ HOST_READS: dict[str, str] = {
 _Tensor = torch.Tensor
 #: The methods as torch defines them (read once, at import: no side effect, just lookups).
 _ORIGINALS: dict[str, Any] = {name: getattr(_Tensor, name) for name in HOST_READS}
+#: Reads torch's own code makes to word an error it is about to raise (``cond``'s "Expected
+#: pred to be bool or single-element tensor, but got {pred}"): that error says more than ours.
+_MESSAGE_READS = frozenset({"__repr__", "__format__"})
+_TORCH_DIR = torch.__file__.rsplit("/", 1)[0] + "/"
 _tls = threading.local()
 _lock = threading.Lock()
 _installed = 0
@@ -113,7 +120,9 @@ def _wrapper(name: str) -> Callable[..., Any]:
     def read(self: Any, *args: Any, **kwargs: Any) -> Any:
         if getattr(_tls, "watched", None) is None or getattr(_tls, "reading", False):
             return original(self, *args, **kwargs)
-        _check(self, name)
+        if not (name in _MESSAGE_READS
+                and sys._getframe(1).f_code.co_filename.startswith(_TORCH_DIR)):
+            _check(self, name)
         # One read is one finding: repr formats through __format__ and tolist, and a torch
         # function mode calls the method again; those inner reads are part of this one.
         _tls.reading = True
