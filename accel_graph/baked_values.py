@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch._ops import HigherOrderOperator
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .backends.recorder.plan import user_frame
@@ -83,6 +84,10 @@ def _frozen(x: Any) -> Any:
         return tuple(_frozen(y) for y in x)
     if isinstance(x, torch.Generator):
         return "<generator>"
+    if isinstance(x, torch.ScriptObject):
+        # Handles (a profiler range's RecordFunction): an object, not a baked number, and one
+        # torch gives no == for (it raises).
+        return "<script object>"
     return x
 
 
@@ -96,7 +101,15 @@ def _same(a: Any, b: Any) -> bool:
 
 
 class OpLog(TorchDispatchMode):
-    """Logs every aten op with its non-tensor arguments and the user's source line."""
+    """Logs every aten op with its non-tensor arguments and the user's source line.
+
+    ``torch.cond`` / ``torch.while_loop`` are logged as one entry each (their name) and run
+    whole without this log (modes below it, ``check_capturable``'s flagger, still see them): a graph reads their predicates at replay, so the branch taken may
+    differ between steps without anything being baked. Ops inside their bodies are not
+    compared (a limit of this check)."""
+
+    #: Higher-order operators (cond, while_loop) arrive whole rather than failing in torch.
+    supports_higher_order_operators = True
 
     def __init__(self) -> None:
         super().__init__()
@@ -104,6 +117,9 @@ class OpLog(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: D401
         kwargs = kwargs or {}
+        if isinstance(func, HigherOrderOperator):
+            self.ops.append((func.name(), (), user_frame()))
+            return func(*args, **kwargs)  # this mode is off here: modes below it still see it
         self.ops.append((str(func), _constants(func, args, kwargs), user_frame()))
         return func(*args, **kwargs)
 

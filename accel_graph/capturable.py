@@ -9,7 +9,9 @@ capture would refuse, each with the Python source line that issued it:
   data-dependent shapes, boolean-mask indexing, ...), and, with a GPU ``target`` whose tensors
   are present, ops that mix host (CPU, non-0-dim) tensors with device tensors;
 - at the Python API (:class:`~torch.overrides.TorchFunctionMode`), for what the dispatcher
-  never sees: ``.tolist()`` and ``.numpy()`` (host reads), and, with a GPU ``target``,
+  never sees: host reads (``.tolist()``, ``.numpy()``, ``numpy.asarray``, ``repr``/``print``,
+  f-strings, pickling: the reads :mod:`accel_graph.backends.recorder.hostreads` refuses in a
+  capture), and, with a GPU ``target``,
   ``.cpu()`` / ``.to("cpu")`` (device-to-host copies, a sync) and factory calls without
   ``device=`` (they make host tensors on a GPU box);
 - with a GPU ``target``, ``torch.cond`` / ``torch.while_loop`` where this torch version cannot
@@ -34,6 +36,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .backends.native_cf_support import python_level_refusal
+from .backends.recorder import hostreads
 from .backends.recorder.control_flow import SUPPORTED, undo_dynamo_skip
 from .backends.recorder.ops import illegal_reason
 from .backends.recorder.plan import user_frame
@@ -53,6 +56,14 @@ _HOST_READS = {
     "never sees; under capture it reads memory that is not computed yet)",
     "numpy": ".numpy() hands the tensor's memory to numpy on the host (a sync; under capture "
     "the values are not computed yet)",
+    "__array__": "numpy.asarray(tensor) hands the tensor's memory to numpy on the host (a sync; "
+    "under capture the values are not computed yet)",
+    "__repr__": "repr()/str()/print() of a tensor reads its values on the host (a sync; under "
+    "capture the values are not computed yet); print after replay()",
+    "__format__": "an f-string / format() of a tensor reads its values on the host (a sync; "
+    "under capture the values are not computed yet); format after replay()",
+    "__reduce_ex__": "pickling a tensor (torch.save, pickle.dumps) copies its bytes on the host "
+    "(a sync; under capture the values are not computed yet)",
 }
 
 
@@ -258,8 +269,6 @@ class _FunctionFlagger(TorchFunctionMode):
 
     def _reason(self, func: Any, args: tuple, kwargs: dict) -> str | None:
         name = getattr(func, "__name__", "")
-        if name in _HOST_READS and args and isinstance(args[0], torch.Tensor):
-            return _HOST_READS[name]
         if self.target is None:
             return None
         if name == "cpu" and args and isinstance(args[0], torch.Tensor):
@@ -279,28 +288,51 @@ class _FunctionFlagger(TorchFunctionMode):
         return None
 
 
+@contextlib.contextmanager
+def _host_reads(report: CapturabilityReport, target: str | None) -> Iterator[None]:
+    """Report the host reads a capture refuses (:mod:`~accel_graph.backends.recorder.hostreads`:
+    ``tolist``, ``numpy``, ``numpy.asarray``, ``repr``/``print``, f-strings, pickling), with
+    the same interception the capture uses, so both see the same reads. With a GPU ``target``
+    only reads of its tensors count (CPU tensors are host memory there); else any tensor's."""
+    reasons = {what: _HOST_READS[name] for name, what in hostreads.HOST_READS.items()}
+
+    def found(what: str, exc: BaseException) -> None:
+        report.findings.append(Finding(what, reasons[what], user_frame(), level="python"))
+
+    hostreads.acquire()
+    token = hostreads.watch(target, lambda: True, found, raise_=False)
+    try:
+        yield
+    finally:
+        hostreads.unwatch(token)
+        hostreads.release()
+
+
 def _has_default_device(target: str) -> bool:
     get = getattr(torch, "get_default_device", None)
     return get is not None and get().type == target
 
 
 def check_capturable(fn: Callable[..., Any], *args: Any, target: str | torch.device | None = None,
-                     steps: int | None = None, advance: Callable[[], Any] | None = None,
+                     steps: int | None = 2, advance: Callable[[], Any] | None = None,
                      **kwargs: Any) -> CapturabilityReport:
     """Run ``fn(*args, **kwargs)`` eagerly and report every operation capture would refuse.
 
     Args:
-        fn, args, kwargs: the function and real inputs; ``fn`` runs once, for real, under
-            ``torch.no_grad()`` (its side effects happen).
+        fn, args, kwargs: the function and real inputs; ``fn`` runs ``steps`` times, for
+            real, under ``torch.no_grad()`` (its side effects happen each time).
         target: the device the code will be captured on (``"cuda"``, ``"xpu"``, a
             ``torch.device``). With a GPU target, CPU tensors count as host memory: ``.cpu()``,
             ``.to("cpu")``, factories without ``device=`` and ops mixing CPU tensors with
             target tensors are flagged too. None (default): the recorder's rules only.
-        steps: with ``steps >= 2``, also look for baked host values: ``fn`` runs ``steps``
-            times (``advance()`` between runs, if given), each a real eager step, and every op
-            whose Python arguments changed between runs is reported (level ``"baked"``): a
-            value read from mutable host state at capture, which a graph would replay frozen
-            (see :mod:`accel_graph.baked_values`). None (default): one run, no such check.
+        steps: how many times ``fn`` runs (default 2). From 2 on, baked host values are
+            looked for too: each run is a real eager step (``advance()`` between runs, if
+            given), and every op whose Python arguments changed between runs is reported
+            (level ``"baked"``): a value read from mutable host state at capture, which a
+            graph would replay frozen (a cache length read as an int; see
+            :mod:`accel_graph.baked_values`). A plain ``Graph`` cannot see these at all, so the
+            default looks for them. ``steps=1`` (or None): one run, no such check, for a
+            function whose side effects must not happen twice.
         advance: a callable run between the steps (advance a position input, append a token);
             only with ``steps``.
 
@@ -311,13 +343,17 @@ def check_capturable(fn: Callable[..., Any], *args: Any, target: str | torch.dev
     tgt = None if target is None else torch.device(target).type
     if tgt == "cpu":
         tgt = None  # host memory is the device: nothing more to flag
-    if steps is None and advance is not None:
+    if steps is None:
+        steps = 1
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ConfigError(f"steps={steps!r}: pass a whole number of runs, 2 (the default: looks "
+                          f"for baked host values) or 1 (one run, no such check)")
+    if steps == 1 and advance is not None:
         raise ConfigError("advance= is run between steps: pass steps=2 (or more) with it")
-    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 2):
-        raise ConfigError(f"steps={steps!r}: the baked-value check compares at least 2 steps; pass steps=2")
     report = CapturabilityReport(target=None if target is None else str(target))
-    log = OpLog() if steps is not None else contextlib.nullcontext()
-    with torch.no_grad(), _FunctionFlagger(report, tgt), _DispatchFlagger(report, tgt), log:
+    log = OpLog() if steps >= 2 else contextlib.nullcontext()
+    with torch.no_grad(), _host_reads(report, tgt), _FunctionFlagger(report, tgt), \
+            _DispatchFlagger(report, tgt), log:
         report.result = fn(*args, **kwargs)
     if isinstance(log, OpLog):
         found, report.result = find_baked_values(fn, args, kwargs, steps=steps, advance=advance,

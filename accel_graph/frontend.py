@@ -13,8 +13,10 @@ Every backend fires the graph lifecycle hooks of :mod:`accel_graph.hooks` (torch
 instantiate, replay start and end, and destroy (``reset()`` or collection) with the exec ids.
 
 A capture belongs to the thread that began it: ``capture_end()`` and ``reset()`` from another
-thread are refused with ``GraphStateError`` (the recorder's dispatch mode and CUDA's
-non-relaxed capture modes are per thread). A ``Graph`` collected mid-capture ends its capture.
+thread are refused with ``GraphStateError``, as CUDA refuses them outside
+``capture_error_mode="relaxed"``; a relaxed capture may be ended or reset from any thread (the
+capturing thread then runs eagerly), and so may one whose thread exited. A ``Graph`` collected
+mid-capture ends its capture.
 
 Two ways to capture a block, as in torch: ``with accel_graph.Graph(...) as g:`` (like
 ``torch.accelerator.Graph``) captures on the *current* stream with the constructor's ``pool`` and
@@ -141,6 +143,8 @@ class Graph:
         self._capture_thread: threading.Thread | None = None
         #: Exec id and destroy-event cycle for the lifecycle hooks (accel_graph.hooks).
         self._events = hooks.GraphEvents(self)
+        #: The capture_error_mode of the capture underway.
+        self._capture_mode = self.capture_error_mode
 
     def __del__(self) -> None:
         # Collected mid-capture (the user dropped it, or its cycle was collected, possibly on
@@ -201,6 +205,7 @@ class Graph:
         self._impl.capture_begin(handle, mode)
         self._pool = self._impl.pool()
         self._capture_thread = threading.current_thread()
+        self._capture_mode = mode
         self._state = CAPTURING
         if hooks.capture_start_hooks:  # inside the capture, as torch's: see accel_graph.hooks
             hooks.fire(hooks.capture_start_hooks, self)
@@ -231,18 +236,21 @@ class Graph:
         self._impl.register_generator_state(generator)
 
     def _check_capturing_thread(self, what: str) -> None:
-        """Refuse ending a capture from a thread other than the one that began it: the capture
-        records that thread (a thread-local dispatch mode on the recorder; CUDA refuses it too
-        outside ``relaxed`` mode), which only it can stop cleanly."""
+        """Refuse ending a capture from a thread other than the one that began it, as CUDA
+        does (``cudaErrorStreamCaptureWrongThread``) unless the capture is ``"relaxed"``. Allowed:
+        a ``relaxed`` capture (the capturing thread then runs eagerly), and a capture whose
+        thread has exited (nobody else can end it; the recorder invalidated it at the exit)."""
         owner = self._capture_thread
         here = threading.current_thread()
-        if owner is not None and owner is not here:
-            raise GraphStateError(
-                f"Graph.{what} was called from thread {here.name!r} (ident {here.ident}), but "
-                f"the capture on {self._device} is underway on thread {owner.name!r} (ident "
-                f"{owner.ident}): a capture records the thread that began it, so only that "
-                f"thread can end or reset it. Call {what} from thread {owner.name!r}"
-            )
+        if owner is None or owner is here or not owner.is_alive() or self._capture_mode == "relaxed":
+            return
+        raise GraphStateError(
+            f"Graph.{what} was called from thread {here.name!r} (ident {here.ident}), but the "
+            f"capture on {self._device} is underway on thread {owner.name!r} (ident "
+            f"{owner.ident}) in capture_error_mode={self._capture_mode!r}: as on CUDA, only a "
+            f"'relaxed' capture may be ended or reset from another thread. Call {what} from "
+            f"thread {owner.name!r}, or capture with capture_error_mode='relaxed'"
+        )
 
     def _check_can_begin(self) -> None:
         if self._state == CAPTURING:

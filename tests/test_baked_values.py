@@ -70,10 +70,30 @@ def test_host_dependent_control_flow_is_reported_as_a_program_change() -> None:
 
 
 def test_bad_steps_are_refused() -> None:
-    with pytest.raises(ConfigError, match="steps=1"):
-        check_capturable(lambda x: x + 1, torch.zeros(1), steps=1)
+    for bad in (0, -1, True, 1.5, "2"):
+        with pytest.raises(ConfigError, match=f"steps={bad!r}"):
+            check_capturable(lambda x: x + 1, torch.zeros(1), steps=bad)
     with pytest.raises(ConfigError, match="advance= is run between steps"):
-        check_capturable(lambda x: x + 1, torch.zeros(1), advance=lambda: None)
+        check_capturable(lambda x: x + 1, torch.zeros(1), steps=1, advance=lambda: None)
+
+
+def test_default_looks_for_baked_values_and_steps_1_runs_once() -> None:
+    """Issue 29 item 3: the default (no steps=) finds a host value a graph would freeze: a
+    plain Graph cannot see it, and steps=2 had to be asked for. steps=1 is one run, unchecked."""
+    pos = Position()
+    runs = []
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        runs.append(1)
+        pos.n += 1  # host state the function itself advances, as transformers 5's caches do
+        return x + pos.n
+
+    rep = check_capturable(step, torch.zeros(2))
+    assert not rep.ok and [f.level for f in rep.findings] == ["baked"], rep.format()
+    assert len(runs) == 2
+    runs.clear()
+    assert check_capturable(step, torch.zeros(2), steps=1).ok and len(runs) == 1
+    assert check_capturable(step, torch.zeros(2), steps=None).ok and len(runs) == 2
 
 
 def test_runner_second_checked_replay_catches_a_value_baked_at_capture() -> None:
@@ -131,3 +151,27 @@ def test_gemma2_bakes_a_cache_length_and_llama_does_not() -> None:
         assert bool(baked) is bakes, (model_cls.__name__, rep.format())
         if bakes:
             assert any("transformers" in f.location for f in baked)
+
+
+def test_gemma2_sliding_window_cache_is_found_by_default() -> None:
+    """Issue 29 item 3 on the reported model: a tiny transformers 5 Gemma2 (sliding-window cache,
+    built from a config, no download) with the default check_capturable(fn, *args): no steps=,
+    no advance=. Its cache counts its own length, so two plain calls differ."""
+    transformers = pytest.importorskip("transformers", reason="transformers is a test dependency")
+    if int(transformers.__version__.split(".")[0]) < 5:
+        pytest.skip("the cache counting its own length is transformers 5 behaviour")
+    from transformers import DynamicCache, Gemma2Config, Gemma2ForCausalLM
+
+    config = Gemma2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                          num_attention_heads=2, num_key_value_heads=1, head_dim=16, sliding_window=4)
+    torch.manual_seed(0)
+    model = Gemma2ForCausalLM(config).eval()
+    cache = DynamicCache(config=config)
+    with torch.no_grad():
+        model(torch.randint(0, 64, (1, 5)), cache=cache, use_cache=True)
+
+    def step(ids: torch.Tensor) -> torch.Tensor:
+        return model(input_ids=ids, cache=cache, use_cache=True).logits
+
+    rep = check_capturable(step, torch.zeros(1, 1, dtype=torch.long))
+    assert any(f.level == "baked" for f in rep.findings), rep.format()

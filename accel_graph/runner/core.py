@@ -24,17 +24,18 @@ import torch.utils._pytree as pytree
 from ..backends import select_backend
 from ..errors import ConfigError
 from ..frontend import Graph
-from .capture import capture_buckets, capture_lazily, disable_bucket
+from .capture import capture_buckets, capture_lazily
+from .checked import checked_replay
 from .debug import debug_call
 from .dynamic import check_spec_dim, resolve_ladder
-from .fallback import FALLBACKS, count_eager, load_static, narrow_outputs, run_eagerly
+from .fallback import FALLBACKS, load_static, run_eagerly
 from .group import GroupInfo
+from .guard import CallGuard
 from .inputs import InputSpec, broadcast, leaf_names
 from .reports import memory_report, stats
 from .runtime import Bucket, RunnerRuntime
 from .state import StateTable
 from .support import fits
-from .verify import UndoLog, compare
 
 __all__ = ["GraphRunner"]
 
@@ -122,7 +123,8 @@ class GraphRunner:
             NaN-filled, so code that still reads them after the next call sees NaN.
 
     Calls run under ``torch.no_grad()``; ``capture()`` runs ``fn`` eagerly once per bucket
-    (warm-up), so state ``fn`` mutates is touched then. Not thread-safe: one caller at a time.
+    (warm-up), so state ``fn`` mutates is touched then. Threads: calls are serialised, and
+    with ``copy_outputs=False`` one thread may call (:mod:`accel_graph.runner.guard`).
 
     The backend is routed at construction (:func:`accel_graph.backends.select_backend`, as a
     :class:`~accel_graph.Graph` on the runner's device would be), so ``runner.runtime.backend``
@@ -229,6 +231,8 @@ class GraphRunner:
             share_outputs=bool(share_outputs),
             debug=bool(debug),
         )
+        #: One caller at a time; views of static outputs serve one thread (:mod:`.guard`).
+        self._guard = CallGuard()
 
     @property
     def runtime(self) -> RunnerRuntime:
@@ -268,18 +272,34 @@ class GraphRunner:
         cannot hold even the smallest bucket, or when ``fn`` returns something other than
         tensors. Returns ``self``. (:func:`~accel_graph.runner.capture.capture_buckets`.)
         """
-        capture_buckets(self._runtime)
+        guard = self._guard
+        guard.enter(False, "capture()")
+        try:
+            capture_buckets(self._runtime)
+        finally:
+            guard.exit()
         return self
 
     # ------------------------------------------------------------------------------------
     # serving
     # ------------------------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """Run one batch: replay the smallest bucket that fits, or eagerly (logged)."""
-        if torch.is_grad_enabled():
-            with torch.no_grad():
-                return self(*args, **kwargs)
+        """Run one batch: replay the smallest bucket that fits, or eagerly (logged).
+
+        Calls from several threads are serialised; with ``copy_outputs=False`` only the thread
+        that called first may call (AccelGraphError otherwise; see :mod:`.guard`)."""
         rt = self._runtime
+        guard = self._guard
+        guard.enter(not rt.copy_outputs)
+        try:
+            if torch.is_grad_enabled():
+                with torch.no_grad():
+                    return self._call(rt, args, kwargs)
+            return self._call(rt, args, kwargs)
+        finally:
+            guard.exit()
+
+    def _call(self, rt: RunnerRuntime, args: tuple, kwargs: dict) -> Any:
         if rt.debug:
             return debug_call(rt, self._serve, args, kwargs)
         return self._serve(args, kwargs)
@@ -368,7 +388,7 @@ class GraphRunner:
             # two sampled checks (checks fall on replays 1, 2, 4, ...).
             load_static(rt, bucket.size, n, leaves)
             return self._served(bucket, n)
-        return self._verify(bucket, n, leaves)
+        return checked_replay(rt, bucket, n, leaves, self._handed_out)
 
     def _served(self, bucket: Bucket, n: int) -> Any:
         """Replay ``bucket`` (inputs already in place) and hand out its outputs."""
@@ -385,32 +405,6 @@ class GraphRunner:
         rt.graph_sizes[n] += 1
         out = rt.outs[n]
         return _copy(out) if rt.copy_outputs else out
-
-    def _verify(self, bucket: Bucket, n: int, leaves: Sequence[Any]) -> Any:
-        """A checked replay of a bucket: compare with eager on the same padded inputs."""
-        rt = self._runtime
-        load_static(rt, bucket.size, n, leaves)
-        bargs, bkwargs = rt.bucket_args(bucket.size)
-        undo = UndoLog()
-        with undo:
-            expected = rt.fn(*bargs, **bkwargs)
-        undo.snapshot_post()
-        undo.restore()  # eager's writes undone: replay starts from the same state
-        assert bucket.replay is not None
-        bucket.replay()
-        actual = pytree.tree_unflatten(bucket.out_leaves, rt.out_spec)
-        diff = compare(actual, expected, rt.group)  # with a group: agreed by every rank
-        bucket.verified = True
-        if diff is not None:
-            undo.reapply()  # keep eager's side effects: its result is the one returned
-            bucket.verify_diff = diff
-            disable_bucket(rt, bucket, "disabled", f"disabled by verification: {diff}", None)
-            rt.build_routes()
-            count_eager(rt, f"bucket {bucket.size} {bucket.reason}", n)
-            return narrow_outputs(rt, expected, n)
-        bucket.checks += 1
-        bucket.ready = bucket.checks >= rt.verify
-        return self._handed_out(bucket, n)
 
     # ------------------------------------------------------------------------------------
     # buckets and their state

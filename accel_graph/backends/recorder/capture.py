@@ -27,14 +27,12 @@ from typing import Any
 
 import torch
 from torch._ops import OpOverload
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from ...errors import CaptureError
 from . import collectives as coll
-from . import hostflags, rng
+from . import hostflags, hostreads, rng
 from . import ops as opinfo
 from .control_flow import register_rules
-from .modes import mode_stack, remove_mode
+from .modes import RecordingMode, ThreadExitGuard, mode_stack, remove_mode
 from .plan import COLLECTIVE, FUNCTIONAL, MUTATE, VIEW, Plan, plan_for, user_frame
 from .pool_protocol import GraphPool, PoolEvent, PoolRef
 from .pytree import first_tensor, tree_flatten, tree_map
@@ -62,7 +60,7 @@ def active_capture() -> Capture | None:
 def discard_finished_modes() -> None:
     """Take every recording mode whose capture is over off this thread's dispatch stack
     (modes above it keep their order). Such modes only pass ops through; this makes them go."""
-    stale = [m for m in mode_stack() if isinstance(m, _RecordingMode) and m.finished]
+    stale = [m for m in mode_stack() if isinstance(m, RecordingMode) and m.finished]
     for mode in stale:
         remove_mode(mode)
 
@@ -126,6 +124,10 @@ class Capture:
         #: The op that invalidated the capture (its CaptureError's message), if one did.
         self.invalidated_by: str | None = None
         self.thread: threading.Thread | None = None
+        #: Held while an op is recorded and while the capture stops, so an end from another
+        #: thread (relaxed mode) never cuts a recording in half: the op before it is recorded
+        #: whole, the ops after it run eagerly.
+        self.lock = threading.RLock()
         self._listening = False
         self.device = device
         self.poison = poison
@@ -148,25 +150,41 @@ class Capture:
         self.reserved_before = pool.reserved_bytes()
         #: Process groups that existed at begin: a collective on a newer one is refused.
         self.groups_at_begin = coll.known_groups()
-        self.mode = _RecordingMode(self)
+        self.mode = RecordingMode(self)
         #: Generator-state calls of this thread during the capture (``generators``: those
         #: registered with the graph, which random ops may draw from besides the defaults).
         self.rng = rng.RngRecorder(rng.weak_method(self, "_record_host"),
                                    rng.weak_method(self, "_refused"), generators)
         #: The process-wide compute settings the last recorded op ran under (hostflags).
         self.flags = hostflags.snapshot()
+        #: The host-read check of the capturing thread (:mod:`.hostreads`), while it holds one.
+        self._reads: object | None = None
 
     # -- lifecycle ----------------------------------------------------------------------
     def begin(self) -> None:
         """Start recording the calling thread's ops into the pool. Raises what the pool's
         ``begin_capture`` raises (nothing changed then)."""
-        register_rules(_RecordingMode)  # torch.cond / torch.while_loop (once per process)
+        register_rules(RecordingMode)  # torch.cond / torch.while_loop (once per process)
         self.pool.begin_capture(self.events)
         self._listening = True
         self.thread = threading.current_thread()
         set_active_capture(self)
         self.mode.__enter__()
+        _tls.exit_guard = ThreadExitGuard(self)
         self.rng.begin()
+        hostreads.acquire()
+        ref = weakref.ref(self)
+        self._reads = hostreads.watch(
+            self.device.type, lambda: (c := ref()) is not None and c.over is None,
+            rng.weak_method(self, "_refused"))
+
+    def _release_reads(self) -> None:
+        """Stop checking host reads (idempotent; from any thread: a read on the capturing
+        thread after an end from elsewhere sees ``over`` and passes)."""
+        token, self._reads = self._reads, None
+        if token is not None:
+            hostreads.unwatch(token)
+            hostreads.release()
 
     def release_pool(self) -> None:
         """Stop listening on the pool (idempotent): its capture count drops once."""
@@ -179,14 +197,19 @@ class Capture:
         dispatch stack now; on another thread (a ``Graph`` collected there) it passes ops
         through until that thread next calls the recorder. The pool is released separately
         (:meth:`release_pool`): a normal end registers its graph with the pool first."""
-        if self.over is None:
-            if why == "ended":
-                self.sync_flags()  # what the code left set, re-applied at the end of replay
-            self.over = why
+        with self.lock:
+            if self.over is None:
+                if why == "ended":
+                    self.sync_flags()  # what the code left set, re-applied at the end of replay
+                self.over = why
         self.rng.end()
+        self._release_reads()
         if self.thread is threading.current_thread():
             if getattr(_tls, "capture", None) is self:
                 _tls.capture = None
+            guard = getattr(_tls, "exit_guard", None)
+            if guard is not None and guard.capture() is self:
+                _tls.exit_guard = None
             remove_mode(self.mode)
 
     def invalidate(self, func: OpOverload | str, exc: BaseException) -> None:
@@ -199,6 +222,7 @@ class Capture:
         self.invalidated_by = msg if str(func) in msg else f"{func}: {msg}"
         self.over = f"invalidated by {self.invalidated_by}"
         self.rng.end()
+        self._release_reads()
         if getattr(_tls, "capture", None) is self:
             _tls.capture = None
         self.release_pool()
@@ -439,50 +463,3 @@ class Capture:
             return outs[0]
         it = iter(outs)
         return tree_map(lambda _: next(it), plan.structure)
-
-
-_COMPOSITE = torch._C.DispatchKey.CompositeImplicitAutograd
-
-
-class _RecordingMode(TorchDispatchMode):
-    """Routes every aten op of the capturing thread to its :class:`Capture`."""
-
-    def __init__(self, capture: Capture) -> None:
-        super().__init__()
-        self.capture: Capture | None = capture
-
-    @property
-    def finished(self) -> bool:
-        """Whether this mode's capture is over (the mode then only passes ops through)."""
-        cap = self.capture
-        return cap is None or cap.over is not None
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: D401
-        cap = self.capture
-        if cap is None or cap.over is not None:
-            # The capture is over but torch keeps the mode on the stack until the recorder
-            # next runs on this thread: run the op eagerly, exactly as with no mode.
-            return func(*args, **(kwargs or {}))
-        kwargs = kwargs or {}
-        if torch.is_inference_mode_enabled() and func.has_kernel_for_dispatch_key(_COMPOSITE):
-            # Under inference mode the autograd keys are excluded, so composite ops (linear,
-            # adaptive_avg_pool2d) reach the mode whole; eager runs their decomposition, and a
-            # whole op's .out kernel may compute differently (adaptive_avg_pool2d.out to 1x1 is
-            # not the functional's mean: 9e-8 off). Record the decomposition, as eager runs it.
-            with self:
-                out = func.decompose(*args, **kwargs)
-            if out is not NotImplemented:
-                return out
-        try:
-            return cap.handle(func, args, kwargs)
-        except CaptureError as exc:
-            cap.invalidate(func, exc)
-            raise
-
-
-# TorchDispatchMode.__init_subclass__ wraps __torch_dispatch__ in torch._disable_dynamo, whose
-# first call imports torch._dynamo (seconds) and which adds a frame to every recorded op.
-# Capture refuses to run inside a compiled frame, so the wrapper protects nothing here.
-_RecordingMode.__torch_dispatch__ = getattr(  # type: ignore[method-assign]
-    _RecordingMode.__torch_dispatch__, "__wrapped__", _RecordingMode.__torch_dispatch__
-)
