@@ -23,7 +23,9 @@ EVENTS = ("capture_start", "capture_end", "instantiate", "replay_start", "replay
 
 def register_all(register: Any, log: list[tuple[str, Any]]) -> list[Any]:
     """Register one logging hook per event through ``register(event, fn)``; graph events log
-    the argument's type name (not the graph itself, which would keep it alive)."""
+    the argument's type name (not the graph itself, which would keep it alive). Graphs left
+    by earlier tests are collected first, so their destroy events do not land in ``log``."""
+    gc.collect()
     handles = []
     for event in EVENTS:
         if event == "destroy":
