@@ -21,6 +21,8 @@ storage offset, which placeholders share a storage, alignment) reuse one module,
 graph's own tensors. Without it every capture/replay/reset cycle recompiled and torch's code cache
 kept every module (40-55 KB a cycle). The cache is an LRU of :data:`COMPILE_CACHE_SIZE` entries:
 an evicted module lives on in the graphs that use it and is compiled again when next needed.
+Across processes, Inductor's own FX graph cache on disk serves programs compiled before;
+``compile_info()["reuse"]`` says which cache served each program (:mod:`.compile_cache`).
 """
 
 from __future__ import annotations
