@@ -10,10 +10,12 @@ Compiled replay keeps two caches (docs/recorder.md, "Handle lifetime and the com
 The second one hits only if the key Inductor computes (``FxGraphHashDetails`` in
 ``torch/_inductor/codecache.py``: the FX graph's code, the example inputs' metadata, constants by
 value, the Inductor config, torch's own source hash) is the same in the restarted process, and
-only if Inductor does not bypass the cache. Two things made it bypass here: compiling without a
-shape environment ("No shape env", fixed by :func:`static_tracing`), and symbolic placeholder
-sizes, whose symbol names (``s26``, ``s53``) then appeared in the generated code (fixed by
-:func:`static_kwargs`). Known bypasses that remain, reported by :func:`watch_fx_graph_cache`:
+only if Inductor does not bypass the cache. What we hand it is stable across processes (the
+ops and the placeholders' layouts; parameters are placeholders, so neither their values nor
+their identities enter the key; checked on Qwen2 decode steps under different
+``PYTHONHASHSEED`` values). Inductor bypasses its cache without a shape environment ("No shape
+env"), hence :func:`static_tracing`.
+Known bypasses that remain, reported by :func:`watch_fx_graph_cache`:
 
 - ``compile_options={"freeze": True}`` on the CPU: Inductor's freezing prepacks linear and
   convolution weights as mkldnn tensors, which its cache key cannot pickle ("mkldnn tensors
