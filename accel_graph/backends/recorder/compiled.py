@@ -21,11 +21,12 @@ storage offset, which placeholders share a storage, alignment) reuse one module,
 graph's own tensors. Without it every capture/replay/reset cycle recompiled and torch's code cache
 kept every module (40-55 KB a cycle). The cache is an LRU of :data:`COMPILE_CACHE_SIZE` entries:
 an evicted module lives on in the graphs that use it and is compiled again when next needed.
+Across processes, Inductor's own FX graph cache on disk serves programs compiled before;
+``compile_info()["reuse"]`` says which cache served each program (:mod:`.compile_cache`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import operator
 import threading
@@ -39,6 +40,7 @@ import torch.fx as fx
 
 from . import collectives, compile_settings
 from .capture import InputRecord, Step
+from .compile_cache import static_kwargs, static_tracing, watch_fx_graph_cache
 from .freezing import FrozenConstants
 from .pool_protocol import GraphPool, PoolRef, refs_overlap
 from .pytree import tree_map
@@ -60,50 +62,6 @@ COMPILE_CACHE_SIZE = 64
 # Guarded by _COMPILE_LOCK.
 _MODULES: OrderedDict[tuple, tuple[Any, list[Any], str]] = OrderedDict()
 _COUNTS = {"compiles": 0, "hits": 0}
-
-
-def _static_tracing() -> Any:
-    """A tracing context with a static-shape fake mode, so Inductor's FX graph cache can hit.
-
-    Without one, compile_fx logs "Bypassing FX Graph Cache because 'No shape env'" and every
-    graph (every bucket, every run) pays full code generation again. Our programs are static
-    by construction, so a static shape environment is exact.
-    """
-    try:
-        from torch._guards import TracingContext, tracing
-        from torch._subclasses.fake_tensor import FakeTensorMode
-        from torch.fx.experimental.symbolic_shapes import ShapeEnv
-
-        return tracing(TracingContext(FakeTensorMode(shape_env=ShapeEnv(), static_shapes=True)))
-    except Exception:  # older torch: compile without the cache rather than not at all
-        return contextlib.nullcontext()
-
-
-def _static_kwargs(compile_fx: Callable[..., Any]) -> dict[str, Any]:
-    """``compile_fx`` keyword arguments that make the compiled program static-shaped.
-
-    ``ignore_shape_env=True``: AOT autograd fakeifies the example inputs with
-    ``fake_mode.from_tensor(x, static_shapes=ignore_shape_env)`` (``process_inputs`` in
-    ``torch/_functorch/_aot_autograd/frontend_utils.py``, torch 2.11 to 2.14). That explicit
-    ``False`` overrides the ``static_shapes=True`` of :func:`_static_tracing`'s fake mode, so
-    without it every placeholder got symbolic sizes (``s26``, ``s53``) from the shape env and
-    Inductor generated dynamic-shape code. Torch 2.13's Python wrapper bound those symbols from
-    the inputs' sizes at every call; torch 2.14.1's binds them only under
-    ``config.size_asserts``, which :mod:`.compile_settings` turns off, so its code named
-    undefined symbols (``NameError: name 's53' is not defined`` at the first run). With it the
-    inputs are static fakes while the tracing context still carries a shape env, so the FX
-    graph cache keeps hitting. Feature-detected on the callable actually used (tests and tools
-    replace ``compile_fx`` with wrappers that may not take it).
-    """
-    import inspect
-
-    try:
-        params = inspect.signature(compile_fx).parameters
-    except (TypeError, ValueError):  # a builtin or C callable: pass nothing it may refuse
-        return {}
-    if "ignore_shape_env" in params or any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        return {"ignore_shape_env": True}
-    return {}
 
 
 def _extent(ref: PoolRef) -> int:
@@ -380,11 +338,12 @@ def clear_compile_cache() -> None:
 
 
 def _compiled_module(graph: fx.Graph, example: list[torch.Tensor], frozen: FrozenConstants | None = None,
-                     cpp_wrapper: bool = False) -> tuple[Any, bool, str]:
+                     cpp_wrapper: bool = False) -> tuple[Any, bool, str, dict[str, Any]]:
     """The Inductor module for ``graph`` at ``example``'s layout (and ``frozen``'s constants, the
     ``get_attr`` targets of ``graph``), from the cache or compiled now. Returns ``(module, hit,
-    attempt)``: ``attempt`` says which compile worked. Compilations take turns (module
-    docstring); a failure is not cached."""
+    attempt, reuse)``: ``attempt`` says which compile worked, ``reuse`` where the module came from
+    (:func:`.compile_cache.watch_fx_graph_cache`; ``{"reuse": "in-process"}`` for a hit here).
+    Compilations take turns (module docstring); a failure is not cached."""
     from torch._inductor import config as inductor_config
     from torch._inductor.compile_fx import compile_fx
 
@@ -406,11 +365,13 @@ def _compiled_module(graph: fx.Graph, example: list[torch.Tensor], frozen: Froze
         if entry is not None:
             _MODULES.move_to_end(key)
             _COUNTS["hits"] += 1
-            return entry[0], True, entry[2]
-        static = _static_kwargs(compile_fx)
+            return entry[0], True, entry[2], {"reuse": "in-process", "fx_graph_cache": None,
+                                              "bypass_reason": None}
+        static = static_kwargs(compile_fx)
         with inductor_config.patch(compile_settings.inductor_settings(bool(consts), cpp_wrapper)):
             try:
-                with torch.no_grad(), _static_tracing():
+                # Watched per attempt: a failed first attempt's lookup must not count.
+                with torch.no_grad(), static_tracing(), watch_fx_graph_cache() as reuse:
                     compiled = compile_fx(module(), example, **static)
                 attempt = "static shapes"
             except Exception as exc:
@@ -422,16 +383,16 @@ def _compiled_module(graph: fx.Graph, example: list[torch.Tensor], frozen: Froze
                 # propagates (its __context__ is the first one).
                 log.debug("compile under the static-shape tracing context failed (%s: %s); "
                           "retrying without it", type(exc).__name__, str(exc).strip()[:200])
-                with torch.no_grad():
+                with torch.no_grad(), watch_fx_graph_cache() as reuse:
                     compiled = compile_fx(module(), example, **static)
                 attempt = "retried without the static-shape tracing context"
         _COUNTS["compiles"] += 1
         if not shared:
-            return compiled, False, attempt
+            return compiled, False, attempt, reuse
         _MODULES[key] = (compiled, keep, attempt)
         while len(_MODULES) > COMPILE_CACHE_SIZE:
             _MODULES.popitem(last=False)
-        return compiled, False, attempt
+        return compiled, False, attempt, reuse
 
 
 def compile_program(
@@ -460,14 +421,14 @@ def compile_program(
     example = [*ext, *statics]
     wrapper = "cpp" if cpp_wrapper else "python"
     try:
-        compiled, hit, attempt = _compiled_module(graph, example, frozen, cpp_wrapper)
+        compiled, hit, attempt, reuse = _compiled_module(graph, example, frozen, cpp_wrapper)
     except Exception as exc:
         if not cpp_wrapper:
             raise
         wrapper = f"python (the C++ wrapper failed: {type(exc).__name__})"
         log.info("compile='inductor': the C++ wrapper failed for a graph (%s: %s); compiling "
                  "with the Python wrapper", type(exc).__name__, str(exc).strip()[:200])
-        compiled, hit, attempt = _compiled_module(graph, example, frozen, False)
+        compiled, hit, attempt, reuse = _compiled_module(graph, example, frozen, False)
     compile_s = time.perf_counter() - t0
     args = tuple(example)
 
@@ -488,6 +449,10 @@ def compile_program(
         "backend": "inductor",
         "compile_s": compile_s,
         "cache": "hit" if hit else "miss",
+        # Where the module came from: this process's module cache, Inductor's FX graph cache on
+        # disk (compiled before, also by another process), or a fresh compile (.compile_cache).
+        "reuse": reuse["reuse"],
+        "fx_graph_cache": reuse["fx_graph_cache"],
         "attempt": attempt,
         "fx_nodes": len(graph.nodes),
         "placeholders": len(example),
@@ -495,6 +460,8 @@ def compile_program(
         "staged_inputs": len(staged),
         "wrapper": wrapper,
     }
+    if reuse["bypass_reason"] is not None:
+        info["fx_graph_cache_bypass"] = reuse["bypass_reason"]
     if frozen is not None:
         info["frozen"] = len(frozen.tensors)
     return run, info

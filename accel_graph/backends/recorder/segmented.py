@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .capture import InputRecord, Step
+from .compile_cache import merge_reuse
 from .compiled import compile_program
 from .compiled_control_flow import (
     allocations,
@@ -125,6 +126,7 @@ def compile_any(
         "backend": "inductor",
         "compile_s": sum(i["compile_s"] for i in every),
         "cache": "hit" if every and all(i["cache"] == "hit" for i in every) else "miss",
+        **merge_reuse(every),  # per part: in-process, FX graph cache or compiled (.compile_cache)
         "fx_nodes": sum(i["fx_nodes"] for i in every),
         "placeholders": sum(i["placeholders"] for i in every),
         "intermediates": "written back to the pool between stretches",
