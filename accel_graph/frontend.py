@@ -48,6 +48,7 @@ from .backends.base import (
     ReplayMode,
 )
 from .compile_options import CompileOptions, resolve_compile
+from .device_queries import graph_pool_handle, is_current_stream_capturing  # re-exported
 from .errors import CaptureError, ConfigError, GraphStateError
 
 __all__ = [
@@ -162,8 +163,15 @@ class Graph:
         return self._backend
 
     @property
-    def device(self) -> DeviceSpec:
-        """The device this graph captures on and replays on."""
+    def device(self) -> torch.device:
+        """The ``torch.device`` this graph captures on and replays on: pass it where torch
+        expects a device (``torch.zeros(2, device=g.device)``)."""
+        return self._device.torch_device
+
+    @property
+    def device_spec(self) -> DeviceSpec:
+        """The backend's :class:`~accel_graph.backends.base.DeviceSpec` of :attr:`device` (the
+        backend name and arch too): what ``g.backend``'s methods take."""
         return self._device
 
     @property
@@ -472,7 +480,7 @@ def graph(
     backend = g.backend
     g._prepare_block_capture()
     if stream is None:
-        stream = backend.capture_stream(g.device)
+        stream = backend.capture_stream(g.device_spec)
     with backend.stream_context(stream):
         g.capture_begin(pool=pool, capture_error_mode=capture_error_mode)
         try:
@@ -481,15 +489,3 @@ def graph(
             g._abort()
             raise
         g.capture_end()
-
-
-def graph_pool_handle(device: torch.device | str | int | None = None) -> PoolHandle:
-    """A new pool handle; graphs captured with ``pool=`` this handle share memory."""
-    backend, dev = select_backend(device)
-    return backend.graph_pool_handle(backend.device_spec(dev))
-
-
-def is_current_stream_capturing(device: torch.device | str | int | None = None) -> bool:
-    """Whether a capture is underway on the current stream of ``device`` (thread, on the recorder)."""
-    backend, dev = select_backend(device)
-    return backend.is_capturing(dev)

@@ -68,6 +68,11 @@ GRAPH_API_DIFFERENCES: dict[tuple[str, str], str] = {
     (ACCELERATOR_GRAPH, "instantiate: again"):
         "a second instantiate() of an instantiated keep_graph=True graph does nothing and fires "
         "no instantiate hook (torch instantiates a fresh executable)",
+    (ACCELERATOR_GRAPH, "device: extra attribute"):
+        "the torch.device the graph captures on, usable where torch takes a device "
+        "(torch.zeros(2, device=g.device)); torch's class has none (it captures on the current "
+        "device). Graph.device_spec is the backend's DeviceSpec (backend name, arch), which "
+        "g.backend's methods take",
     (CUDA_GRAPH, "capture_begin(capture_error_mode)"):
         "default None, which uses the graph's capture_error_mode ('default' unless set): "
         "torch.cuda.CUDAGraph's default is 'global', which 'default' maps to on CUDA and ROCm",

@@ -126,6 +126,13 @@ def test_behaviour_rows_hold() -> None:
     first = k.exec_id
     k.instantiate()
     assert k.exec_id == first
+    # device: extra attribute: a torch.device, so torch takes it; device_spec is the backend's
+    assert isinstance(g.device, torch.device) and g.device == torch.device("cpu")
+    assert (g.device.type, g.device.index) == ("cpu", None)
+    assert torch.zeros(2, device=g.device).device == g.device
+    spec = g.device_spec
+    assert spec.torch_device == g.device and spec.backend == g.backend.name
+    g.backend.synchronize(g.device_spec)
 
 
 def test_docs_table_matches_the_code_table() -> None:

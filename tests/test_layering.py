@@ -38,7 +38,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("accel_graph.backends",),
     ("accel_graph.frontend", "accel_graph.capturable", "accel_graph.baked_values",
      "accel_graph.graphed_callables", "accel_graph.graphed_checks", "accel_graph.hooks",
-     "accel_graph.torch_api"),
+     "accel_graph.torch_api", "accel_graph.device_queries"),
     ("accel_graph.runner",),
     # The package face: lazy public names over the layers below. Everything above uses the
     # public API through it, as a user would.

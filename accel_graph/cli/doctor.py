@@ -431,8 +431,13 @@ def format_report(r: Mapping[str, Any]) -> str:
     apis = ga.get("apis") or {}
     out += _kv([(k, ("present" if v.get("present") else "absent") + (f" ({v['error']})" if v.get("error") else ""))
                 for k, v in apis.items()])  # fmt: skip
+    # native_control_flow describes the build (the modules torch ships); whether a graph can
+    # use it depends on a device here, which a GPU-less CUDA build lacks: say which it is
+    usable = {b.get("name"): b.get("usable") for b in r.get("backends") or []}
     for name, ops in (ga.get("native_control_flow") or {}).items():
-        out += _kv([(f"{name} {op}", "captured natively" if why is None else f"refused: {why}")
+        supported = ("captured natively" if usable.get(name) else
+                     f"build supports native capture; no usable {name} device here")
+        out += _kv([(f"{name} {op}", supported if why is None else f"refused at capture: {why}")
                     for op, why in ops.items()])  # fmt: skip
     for cls in _sectioned_backends():  # each backend formats its own section
         out += ["", cls.doctor_title or cls.name]

@@ -42,7 +42,7 @@ __all__ = [
 
 def synchronize(g: Any) -> None:
     """Wait for all work on the device of graph ``g`` (a no-op on host devices)."""
-    g.backend.synchronize(g.device)
+    g.backend.synchronize(g.device_spec)
 
 
 def capture_stream(g: Any) -> AbstractContextManager[Any]:
@@ -51,7 +51,7 @@ def capture_stream(g: Any) -> AbstractContextManager[Any]:
     Wrap manual ``g.capture_begin()`` ... ``g.capture_end()`` in it: CUDA and HIP refuse to
     capture on the default stream. A no-op on devices without streams.
     """
-    return g.backend.stream_context(g.backend.capture_stream(g.device))
+    return g.backend.stream_context(g.backend.capture_stream(g.device_spec))
 
 
 def capture(
@@ -68,7 +68,7 @@ def capture(
     from .. import graph
 
     # On native backends, both branches of every torch.cond are warmed up, not only the taken one.
-    with g.backend.control_flow_warmup(g.device):
+    with g.backend.control_flow_warmup(g.device_spec):
         for _ in range(warmup):
             fn(*args)
     synchronize(g)

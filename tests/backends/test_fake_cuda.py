@@ -121,7 +121,7 @@ def test_fake_missing_device_names_what_exists(fake_cuda: FakeCudaModule) -> Non
 # -- capture plumbing -------------------------------------------------------------------------
 def test_fake_graph_context_prepares_and_uses_side_stream(fake_cuda: FakeCudaModule) -> None:
     g = accel_graph.Graph(device="cuda:1")
-    assert g.backend.name == "cuda" and g.device.index == 1 and g.device.arch == "sm_90"
+    assert g.backend.name == "cuda" and g.device.index == 1 and g.device_spec.arch == "sm_90"
     capture(g, fake_cuda, 1024)
     tg = last_graph(fake_cuda)
     begin = dict(tg.calls)["capture_begin"]
@@ -198,7 +198,7 @@ def test_fake_reset_on_cuda_does_not_sync_but_hip_does(fake_cuda: FakeCudaModule
 
 def test_fake_hip_reset_synchronizes_first(fake_rocm: FakeCudaModule) -> None:
     g = accel_graph.Graph(device="cuda:0")
-    assert g.backend.name == "hip" and g.device.arch == "gfx942"
+    assert g.backend.name == "hip" and g.device_spec.arch == "gfx942"
     with fake_rocm.stream(fake_rocm.Stream(device=0)):
         capture(g, fake_rocm)
     fake_rocm.synced_since_last_reset = False
@@ -445,14 +445,14 @@ def test_fake_nested_capture_is_refused_before_touching_the_device(fake_cuda: Fa
 def test_fake_nested_manual_capture_begin_is_refused(fake_cuda: FakeCudaModule) -> None:
     outer, inner = accel_graph.Graph(device="cuda:0"), accel_graph.Graph(device="cuda:0")
     backend = get_backend("cuda")
-    with fake_cuda.stream(backend.capture_stream(outer.device)):
+    with fake_cuda.stream(backend.capture_stream(outer.device_spec)):
         outer.capture_begin()
         with fake_cuda.stream(fake_cuda.Stream(device=0)):  # another stream, same thread
             with pytest.raises(CaptureError, match="a graph on cuda:0"):
                 inner.capture_begin()
         outer.capture_end()
     assert outer.state == "instantiated" and inner.state == "empty"
-    with fake_cuda.stream(backend.capture_stream(inner.device)):
+    with fake_cuda.stream(backend.capture_stream(inner.device_spec)):
         inner.capture_begin()
         inner.capture_end()
     assert backend._capturing == {}

@@ -95,7 +95,7 @@ def test_real_explicit_device_without_one_is_a_clear_error(clean: None, device: 
             accel_graph.Graph(device=device)
         return
     if real_cuda_devices() > 0:  # a GPU host: the device exists and is used
-        assert accel_graph.Graph(device=device).device.device_type == "cuda"
+        assert accel_graph.Graph(device=device).device_spec.device_type == "cuda"
         return
     with pytest.raises(BackendUnavailable, match=r"0 cuda devices.*Pass device='cpu'"):
         accel_graph.Graph(device=device)
@@ -208,7 +208,7 @@ def test_simulated_device_properties_failure_falls_back_to_the_cpu(
     assert CudaBackend.probe() is None  # the probe touches no device, so it cannot know
     with caplog.at_level("WARNING", logger="accel_graph"):
         g = accel_graph.Graph()
-    assert g.backend.name == "recorder" and g.device.device_type == "cpu"
+    assert g.backend.name == "recorder" and g.device_spec.device_type == "cpu" and g.device == torch.device("cpu")
     assert DRIVER_ERROR in caplog.text
     report = routing_report(check_device=True)
     assert DRIVER_ERROR in report["device_error"] and "recorder on the CPU" in report["reason"]

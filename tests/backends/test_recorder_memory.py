@@ -199,7 +199,7 @@ def test_pool_handles_of_other_devices_and_backends_are_refused():
     with pytest.raises(ag.PoolError, match="cuda backend"):
         g.capture_begin(pool=foreign_backend)
     with pytest.raises(ag.PoolError, match="belongs to no pool"):
-        g.capture_begin(pool=PoolHandle("recorder", g.device, (0, 987_654_321)))
+        g.capture_begin(pool=PoolHandle("recorder", g.device_spec, (0, 987_654_321)))
     assert g.state == "empty"
 
 

@@ -305,3 +305,25 @@ def test_plugin_state_is_reported(registry: None, monkeypatch: pytest.MonkeyPatc
     r = doctor.collect()
     assert r["allocator"]["plugin"]["process_allocator"] is True
     assert "process swap  active (captures on cuda/hip refused)" in doctor.format_report(r)
+
+
+def test_native_control_flow_lines_say_build_or_host(registry: None) -> None:
+    """``native_control_flow`` reads the build's modules; the text says "captured natively" only
+    where the backend is usable here, and "build supports ...; no usable ... device here" on a
+    build without a device (pip's CUDA build on a GPU-less host), never the former there."""
+    r = doctor.collect()
+    r["graph_apis"]["native_control_flow"] = {
+        "cuda": {"cond": None, "while_loop": None, "switch": "no switch nodes in this build"}}
+    cuda = by_name(r)["cuda"]
+    cuda["usable"] = False
+    text = doctor.format_report(r)
+    assert "cuda cond        build supports native capture; no usable cuda device here" in text
+    assert "cuda while_loop  build supports native capture; no usable cuda device here" in text
+    assert "cuda switch      refused at capture: no switch nodes in this build" in text
+    assert "captured natively" not in text
+    cuda["usable"] = True
+    text = doctor.format_report(r)
+    assert "cuda cond        captured natively" in text and "no usable cuda device" not in text
+    real = doctor.format_report(doctor.collect())
+    if not torch.cuda.is_available():  # this machine (either torch build): nothing claims a GPU
+        assert "captured natively" not in real

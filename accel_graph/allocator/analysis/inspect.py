@@ -49,7 +49,7 @@ from ..traces.actions import (
 from ..traces.torch_snapshot import host_memory_counts
 from ..units import MIB
 from .sites import FRAME_RULE, held_by_site, site_ids, stack_chains, stack_sites
-from .walk import NEVER, Layout, Pairs, SegmentWalk, curve, final_segments, prepare
+from .walk import NEVER, Layout, Pairs, SegmentWalk, curve, final_segments, prepare, rounding_choice
 
 __all__ = [
     "ADVICE",
@@ -159,7 +159,8 @@ def _annotations_at(trace: Any, ev: np.ndarray, device: int, k: int, pairs: Pair
     return out
 
 
-def inspect_trace(trace: Any, device: int = 0, top: int = 10) -> dict[str, Any]:
+def inspect_trace(trace: Any, device: int = 0, top: int = 10, *, profile: str | None = None,
+                  torch: str | None = None) -> dict[str, Any]:
     """Diagnose one device of a recorded trace; returns the ``accel-alloc/inspect/1`` document
     without the ``trace`` (file name) field.
 
@@ -178,6 +179,10 @@ def inspect_trace(trace: Any, device: int = 0, top: int = 10) -> dict[str, Any]:
     - ``annotations`` lists torch 2.14's ``annotate`` events on blocks live at that moment;
       ``host_memory`` counts the snapshot's pinned host records (``host_segments``,
       ``host_traces``; None when it has none), which no figure here includes.
+    - ``torch`` (a version, as ``accel-alloc --torch``) chooses the rounding profile and the
+      rules that read the recorded config string; ``profile`` overrides the profile; neither:
+      the newest of the trace's device (:func:`~.walk.rounding_choice`). ``profile`` and
+      ``config_rules`` in the result say what was used.
     - Nothing is modified; the result holds only JSON types (dict, list, str, int, float, bool,
       None).
     """
@@ -191,7 +196,8 @@ def inspect_trace(trace: Any, device: int = 0, top: int = 10) -> dict[str, Any]:
                          "at or above 2^63, which no device hands out; the trace is corrupt")
     n = len(ev)
     act = ev["action"]
-    prep = prepare(trace, device)
+    prof, rules, chosen_by = rounding_choice(trace, profile, torch)
+    prep = prepare(trace, device, prof, rules)
     pairs, req, blk, pre_blk, untouched, profile = (
         prep.pairs, prep.req, prep.blk, prep.pre_blk, prep.untouched, prep.profile)
     final = final_segments(trace, device)
@@ -286,6 +292,7 @@ def inspect_trace(trace: Any, device: int = 0, top: int = 10) -> dict[str, Any]:
         "device": device,
         "device_type": trace.device_type,
         "profile": profile,
+        "config_rules": {"torch": rules.name, "chosen_by": chosen_by},
         "settings": settings,
         "events": {
             "total": n,

@@ -248,12 +248,37 @@ class SegmentWalk:
 # the analysis
 
 
-def _block_sizes(trace: Any, sizes: np.ndarray) -> tuple[np.ndarray, str]:
-    """Block sizes of requests under the trace's device rounding rule (and recorded
-    roundup_power2_divisions), plus the profile name used."""
+def rounding_choice(trace: Any, profile: str | None = None,
+                    torch: str | None = None) -> tuple[Any, Any, str]:
+    """The rounding profile, config-parser rules and why, as ``accel-alloc``'s other commands
+    choose them: ``torch`` (a version) picks both, ``profile`` overrides the profile; neither:
+    the newest profile of the trace's device and its rules. Raises ValueError (a
+    :class:`~accel_graph.errors.ConfigError` for an unreadable ``torch``, KeyError's message
+    for an unknown profile) naming what to pass."""
+    from ..alloc_conf import parse_torch_version, rules_for
+    from ..sim.profiles import profile_for, resolve_profile
+
+    if torch is not None:
+        v = parse_torch_version(torch)
+        rules = rules_for(v)
+        prof = (resolve_profile(profile, trace.device_type) if profile is not None
+                else profile_for(v, trace.device_type or "cuda"))
+        return prof, rules, f"torch {v[0]}.{v[1]} given"
+    prof = resolve_profile(profile, trace.device_type)
+    rules = rules_for(prof.torch_versions[1])
+    (a, b), (c, d) = prof.torch_versions
+    span = f"{a}.{b} or later" if d >= 99 else (f"{a}.{b}" if (a, b) == (c, d) else f"{a}.{b}-{c}.{d}")
+    return prof, rules, f"profile {prof.name} (torch {span})"
+
+
+def _block_sizes(trace: Any, sizes: np.ndarray, prof: Any = None,
+                 rules: Any = None) -> tuple[np.ndarray, str]:
+    """Block sizes of requests under ``prof``'s rounding rule (default: the trace's device's
+    newest) and the recorded roundup_power2_divisions (read with ``rules``), plus the profile
+    name used."""
     from ..sim.profiles import resolve_profile, round_requests
 
-    prof = resolve_profile(None, trace.device_type)
+    prof = prof if prof is not None else resolve_profile(None, trace.device_type)
     sizes = np.maximum(np.asarray(sizes, np.int64), 1)
     divisions = None
     if trace.allocator_settings:
@@ -261,7 +286,7 @@ def _block_sizes(trace: Any, sizes: np.ndarray) -> tuple[np.ndarray, str]:
             from ..alloc_conf import settings_from_snapshot
 
             dev = {"rocm": "hip", "xpu": "xpu"}.get(trace.device_type or "cuda", "cuda")
-            s = settings_from_snapshot(trace.allocator_settings, dev)
+            s = settings_from_snapshot(trace.allocator_settings, dev, rules)
             if any(d > 1 for d in s.roundup_power2_divisions):
                 divisions = s
         except Exception:  # settings we cannot read: plain rounding
@@ -300,9 +325,9 @@ class Prepared:
     profile: str
 
 
-def prepare(trace: Any, device: int) -> Prepared:
-    """Pair the events, size the blocks and find the pre-existing state (all vectorised but the
-    loop over the final segments' blocks)."""
+def prepare(trace: Any, device: int, prof: Any = None, rules: Any = None) -> Prepared:
+    """Pair the events, size the blocks (``prof``/``rules``: as :func:`_block_sizes`) and find
+    the pre-existing state (all vectorised but the loop over the final segments' blocks)."""
     ev = trace.events(device)
     pairs = _pair(ev)
 
@@ -326,7 +351,7 @@ def prepare(trace: Any, device: int) -> Prepared:
 
     # -- block sizes ---------------------------------------------------------------------------
     req = ev["size"][pairs.alloc_idx].astype(np.int64)
-    blk, profile = _block_sizes(trace, req)
+    blk, profile = _block_sizes(trace, req, prof, rules)
     if final_live and len(pairs.alloc_idx):
         # blocks live at the end: their recorded size (covers unsplit remainders)
         end_live = pairs.fr_idx == NEVER
@@ -336,7 +361,7 @@ def prepare(trace: Any, device: int) -> Prepared:
         pos = np.clip(np.searchsorted(fa, a), 0, len(fa) - 1)
         hit = end_live & (fa[pos] == a) & (fs[pos] >= req)
         blk = np.where(hit, fs[pos], blk)
-    pre_blk = _block_sizes(trace, pairs.pre_size)[0] if len(pairs.pre_size) else np.zeros(0, np.int64)
+    pre_blk = _block_sizes(trace, pairs.pre_size, prof, rules)[0] if len(pairs.pre_size) else np.zeros(0, np.int64)
     return Prepared(pairs, req, blk, pre_blk, untouched, profile)
 
 

@@ -19,8 +19,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...errors import CapacityError, UnsupportedTraceError
+from ...errors import CapacityError, ConfigError, UnsupportedTraceError
 from ..alloc_conf import (
+    RULES,
     AllocatorSettings,
     ParserRules,
     parse_config,
@@ -41,6 +42,7 @@ __all__ = [
     "largest_request",
     "make_scenario",
     "profile_rules",
+    "recorded_refusal",
     "recorded_settings",
     "scenario_profile",
     "simulate",
@@ -173,7 +175,10 @@ def make_scenario(trace: Any, config: str | None = None, *, policy: str | None =
     settings: AllocatorSettings | None = None
     canonical: str | None = None
     if config is not None:
-        settings = parse_config(config, CONFIG_DEVICE.get(prof.device, "cuda"), rules)
+        try:
+            settings = parse_config(config, CONFIG_DEVICE.get(prof.device, "cuda"), rules)
+        except ConfigError as e:  # say which torch's rules refused it, and whether newer accept
+            raise ConfigError(f"{e} [{_rules_said(config, prof, rules, chosen_by)}]") from None
         canonical = settings.to_string()
         if settings.backend != "native":
             raise UnsupportedTraceError(
@@ -195,6 +200,9 @@ def make_scenario(trace: Any, config: str | None = None, *, policy: str | None =
                          "set (pytorch#106660): no effect here")
     if config is None:  # the recorded settings, read once for every replay of this scenario
         settings = recorded_settings(trace, device, rules)
+        refused = recorded_refusal(trace, prof, rules)
+        if refused:
+            notes.append(refused)
         if settings.backend != "native":
             notes.append(
                 f"the trace was recorded with backend:{settings.backend} (the driver's "
@@ -215,6 +223,41 @@ def make_scenario(trace: Any, config: str | None = None, *, policy: str | None =
                 "no configuration can run this trace there: raise the cap"
             )
     return Scenario(canonical, settings, prof, pol, cap, tuple(notes), rules.name, chosen_by)
+
+
+def _rules_said(config: str, prof: _profiles.Profile, rules: ParserRules, chosen_by: str) -> str:
+    """Which rules refused ``config`` (and, when they are not the newest, whether the newest
+    accept it), for the error message: a refusal under ``--torch 2.11`` must say so."""
+    said = f"read with torch {rules.name}'s PYTORCH_ALLOC_CONF rules, chosen by {chosen_by}"
+    for newer in RULES.values():  # oldest first: the first newer rules that accept it
+        if newer.torch_versions[0] <= rules.torch_versions[1]:
+            continue
+        try:
+            parse_config(config, CONFIG_DEVICE.get(prof.device, "cuda"), newer)
+        except ConfigError:
+            continue
+        lo = newer.torch_versions[0]
+        return (f"{said}; torch {lo[0]}.{lo[1]} and later accept it: pass the --torch of the "
+                "build that will read it, or drop the key for this torch")
+    return said
+
+
+def recorded_refusal(trace: Any, prof: _profiles.Profile, rules: ParserRules) -> str | None:
+    """A note when the trace's recorded config string is one ``rules`` refuse: that torch
+    would not have started with it, so it cannot be the recording's torch (the replay then
+    uses the fields torch wrote beside the string). None when it parses or is absent."""
+    raw = (trace.allocator_settings or {}).get("PYTORCH_CUDA_ALLOC_CONF")
+    if not isinstance(raw, str) or not raw.strip():
+        return None
+    try:
+        parse_config(raw, CONFIG_DEVICE.get(prof.device, "cuda"), rules)
+    except ConfigError as e:
+        why = str(e).split(f"{raw!r}: ", 1)[-1].split(". Keys accepted")[0]  # torch's words
+        return (f"the trace's recorded config {raw!r} would be refused by torch {rules.name}'s "
+                f"PYTORCH_ALLOC_CONF rules ({why}), "
+                f"so torch {rules.name} did not record this trace; read from the individual "
+                "settings torch recorded beside the string. Pass the --torch the trace ran under")
+    return None
 
 
 def _range_text(prof: _profiles.Profile) -> str:

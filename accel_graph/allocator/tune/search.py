@@ -267,7 +267,11 @@ def tune(trace: Any, *, objective: str = "peak", cap: int | None = None,
             "device; pass --cap with the device's memory (e.g. --cap 80GiB) so the baseline "
             "can be replayed")
     try:
-        base_cfg: str | None = parse_config(rec.to_string(), space.device).to_string()
+        # read with the scenario's rules: a recorded key this torch refuses (a --torch older
+        # than the recording) leaves the baseline "as recorded", with make_scenario's note,
+        # instead of a candidate string every replay would refuse
+        base_cfg: str | None = parse_config(rec.to_string(), space.device,
+                                            base_sc.rules).to_string()
     except ConfigError:
         base_cfg = None
     base_entries = _entries(base_cfg or "")

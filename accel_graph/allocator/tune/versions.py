@@ -15,7 +15,8 @@ A snapshot does not name its torch version. What it can show is a lower bound:
 
 :func:`infer_torch` returns that bound with the evidence behind it; :func:`knob_requirements`
 says which keys of a config need a newer torch than the oldest profile of the device, and
-:func:`version_warnings` warns when the trace does not show that its torch is new enough.
+:func:`version_warnings` warns when the trace does not show that its torch is new enough;
+:func:`older_than_trace` says when a ``--torch`` given is older than the trace shows.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from ..sim.scenario import top_level_entries
 from ..traces.actions import A_MAP, A_UNMAP
 from .advice import Advice
 
-__all__ = ["infer_torch", "knob_requirements", "top_level_keys", "version_text", "version_warnings"]
+__all__ = ["infer_torch", "knob_requirements", "older_than_trace", "top_level_keys", "version_text",
+           "version_warnings"]
 
 Version = tuple[int, int]
 _ES_MIN: Version = (2, 1)
@@ -150,3 +152,27 @@ def version_warnings(config: str, profile: Profile, trace_torch: dict[str, Any])
             "torch.__version__ where the line will be used, or drop the key",
             "accel-alloc simulate --list-profiles (settings each profile honours)"))
     return out
+
+
+def older_than_trace(given: str | tuple[int, int] | None, trace_torch: dict[str, Any]) -> str | None:
+    """The contradiction between a torch version the user gave (``--torch``) and the lower
+    bound :func:`infer_torch` read off the trace, in words; None when there is none (nothing
+    given, nothing shown, or the given torch is at least the bound).
+
+    The bound comes from what that torch left in the trace, so a torch older than it cannot
+    have recorded the trace: the figures then follow rules that did not apply to it.
+    """
+    seen = trace_torch.get("at_least")
+    if given is None or not seen:
+        return None
+    from ..alloc_conf import parse_torch_version
+
+    have = parse_torch_version(given)
+    need = parse_torch_version(seen)
+    if have >= need:
+        return None
+    evidence = "; ".join(trace_torch.get("evidence") or ())
+    return (f"--torch {version_text(have)} is older than the trace shows (torch {seen} or later"
+            + (f": {evidence}" if evidence else "") + f"): torch {version_text(have)} cannot have "
+            "recorded it, so the profile and the config rules used are not the recording's; pass "
+            "the torch the trace ran under, or drop --torch")

@@ -40,13 +40,24 @@ def scenario_from_args(args: argparse.Namespace, trace: Any, config: Any = FROM_
                        device: int = 0) -> Any:
     """A :class:`~accel_graph.allocator.sim.scenario.Scenario` from the shared options (``config``
     overrides ``--config``; None or a word of :data:`RECORDED_WORDS` = as recorded), with every
-    user error turned into a :class:`CliError` carrying the documented exit code."""
+    user error turned into a :class:`CliError` carrying the documented exit code. A ``--torch``
+    older than the trace shows (:func:`~accel_graph.allocator.tune.versions.older_than_trace`)
+    adds a note first."""
+    import dataclasses
+
     from ...allocator.sim.scenario import make_scenario
+    from ...allocator.tune.versions import infer_torch, older_than_trace
 
     text = config_text(args.config if config is FROM_ARGS else config)
-    return guarded(lambda: make_scenario(
+    given = getattr(args, "torch", None)
+    sc = guarded(lambda: make_scenario(
         trace, text, policy=args.policy, profile=args.profile, cap=args.cap, device=device,
-        torch=getattr(args, "torch", None)))
+        torch=given))
+    # a --torch older than the trace shows: every command's notes say so (text and JSON)
+    clash = older_than_trace(given, infer_torch(trace, device))
+    if clash:
+        sc = dataclasses.replace(sc, notes=(clash, *sc.notes))
+    return sc
 
 
 def load_input(path: str, device_type: str | None = None) -> Any:

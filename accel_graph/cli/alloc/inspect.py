@@ -23,7 +23,15 @@ import numpy as np
 from ...allocator.units import fmt_bytes
 from ..output import emit, format_table
 from .inputs import load_input, pick_device
-from .options import EXIT_UNSUPPORTED, CliError, add_json_option, add_trace_options
+from .options import (
+    EXIT_UNSUPPORTED,
+    CliError,
+    add_json_option,
+    add_profile_option,
+    add_trace_options,
+    guarded,
+    rules_line,
+)
 
 _LABELS = {
     "internal_rounding": "internal rounding (block - requested)",
@@ -48,6 +56,9 @@ def _top(text: str) -> int:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_trace_options(parser)
+    # --profile/--torch mean what they mean in every command: the rounding profile and the
+    # torch whose PYTORCH_ALLOC_CONF rules read the recorded config string
+    add_profile_option(parser)
     parser.add_argument("--top", type=_top, default=10, metavar="K",
                         help="allocation sites to list (default 10)")
     add_json_option(parser, "docs/accel-alloc-inspect.md")
@@ -93,8 +104,22 @@ def run(args: argparse.Namespace) -> int:
 
     trace = load_input(args.trace, args.device_type)
     device, notes = choose_device(trace, args.device)
-    report = inspect_trace(trace, device, top=args.top)
-    payload = {"schema": report["schema"], "trace": args.trace, **report, "notes": notes}
+    from ...allocator.tune.versions import infer_torch, older_than_trace
+
+    try:
+        report = guarded(lambda: inspect_trace(trace, device, top=args.top, profile=args.profile,
+                                               torch=args.torch))
+    except KeyError as e:  # an unknown --profile: the message lists the known ones
+        raise CliError(str(e.args[0]), EXIT_UNSUPPORTED) from None
+    from ...allocator.alloc_conf import rules_for
+    from ...allocator.sim.profiles import PROFILES
+    from ...allocator.sim.scenario import recorded_refusal
+
+    clash = older_than_trace(args.torch, infer_torch(trace, device))
+    refused = recorded_refusal(trace, PROFILES[report["profile"]],
+                               rules_for(report["config_rules"]["torch"]))
+    payload = {"schema": report["schema"], "trace": args.trace, **report,
+               "notes": [n for n in (clash, refused) if n] + notes}
     emit(args, payload, render(payload))
     return 0
 
@@ -108,6 +133,8 @@ def render(p: dict[str, Any]) -> str:
     ev, pk, at, st, se = p["events"], p["peaks"], p["at_peak"], p["start"], p["settings"]
     lines = [f"{p['trace']}: device {p['device']} ({p.get('device_type') or 'unknown device type'}),"
              f" {ev['total']:,} events, rounding profile {p['profile']}"]
+    if p.get("config_rules"):
+        lines.append(rules_line(p["config_rules"]))
     if se["recorded"]:
         shown = ", ".join(f"{k}={v}" for k, v in sorted(se["recorded"].items())
                           if not isinstance(v, (dict, list)))

@@ -123,7 +123,8 @@ def tune_payload(trace: Any, args: argparse.Namespace, device: int, uses: tuple[
 
     payload = result_payload(result, trace=args.trace, device_type=trace.device_type,
                              top=args.top, uses=uses, environ=environ,
-                             trace_torch=infer_torch(trace, device))
+                             trace_torch=infer_torch(trace, device),
+                             given_torch=getattr(args, "torch", None))
     payload["floor"] = _floor(trace, device, payload["recommendation"]["peak_reserved"])
     return payload
 
@@ -141,13 +142,14 @@ def _floor(trace: Any, device: int, recommended_peak: int) -> dict[str, Any]:
 
 def result_payload(result: Any, *, trace: str, device_type: str | None, top: int = 10,
                    uses: tuple[str, ...] = (), environ: Any = None,
-                   trace_torch: dict[str, Any] | None = None) -> dict[str, Any]:
+                   trace_torch: dict[str, Any] | None = None,
+                   given_torch: str | None = None) -> dict[str, Any]:
     """The ``accel-alloc/tune/1`` document for a :class:`~accel_graph.allocator.tune.search.TuneResult`."""
     from ...allocator.alloc_conf import parse_config
     from ...allocator.sim.scenario import CONFIG_DEVICE
     from ...allocator.tune.advice import advise, env_assignment
     from ...allocator.tune.ranking import Candidate, rank
-    from ...allocator.tune.versions import version_warnings
+    from ...allocator.tune.versions import older_than_trace, version_warnings
 
     base = result.baseline
     prof = result.profile
@@ -184,6 +186,10 @@ def result_payload(result: Any, *, trace: str, device_type: str | None, top: int
     if trace_torch is None:
         trace_torch = {"at_least": None, "evidence": [], "exact": False}
     warnings += [a.to_json() for a in version_warnings(cfg, prof, trace_torch)]
+    clash = older_than_trace(given_torch, trace_torch)
+    if clash:  # first: the whole recommendation rests on it
+        warnings.insert(0, {"code": "torch-older-than-trace", "severity": "high",
+                            "reference": "docs/accel-alloc.md --torch", "message": clash})
     without_es = None
     if settings.expandable_segments:
         # the objective's own rule over the configurations without expandable segments (for
@@ -194,7 +200,10 @@ def result_payload(result: Any, *, trace: str, device_type: str | None, top: int
             without_es = row(rank(no_es, result.objective, result.peak_scope)[0])
     lo, hi = prof.torch_versions
     torch_info = {
-        "assumed": f"{lo[0]}.{lo[1]}" + (" or later" if hi[1] >= 99 else f"-{hi[0]}.{hi[1]}"),
+        "assumed": f"{lo[0]}.{lo[1]}" + (" or later" if hi[1] >= 99 else
+                                         "" if lo == hi else f"-{hi[0]}.{hi[1]}"),
+        "given": given_torch,
+        "older_than_trace": clash is not None,
         "profile": prof.name,
         "trace": trace_torch,
         "config_rules": result.config_rules,
@@ -352,6 +361,9 @@ def render(p: dict[str, Any]) -> str:
                      + (f"torch {seen} or later" if seen else "no torch version")
                      + (f" ({'; '.join(t['trace']['evidence'])})" if t["trace"]["evidence"]
                         else ""))
+        if t.get("older_than_trace"):
+            lines.append(f"  WARNING: --torch {t['given']} is older than the trace shows: see "
+                         "torch-older-than-trace below")
         if t.get("config_rules"):
             lines.append(f"  configs read with torch {t['config_rules']['torch']}'s "
                          f"PYTORCH_ALLOC_CONF rules (chosen by {t['config_rules']['chosen_by']}; "

@@ -36,10 +36,10 @@ def test_cuda_graph_error_options(make_graph, device, mode):
 
     g = make_graph()
     backend = g.backend
-    backend.synchronize(g.device)
+    backend.synchronize(g.device_spec)
     with capture_stream(g):
         _fn(device)  # warm-up on the capture stream
-    backend.synchronize(g.device)
+    backend.synchronize(g.device_spec)
     with accel_graph.graph(g, capture_error_mode=mode):
         out = _fn(device)
         thread = threading.Thread(target=raw_malloc)

@@ -205,7 +205,7 @@ def test_graph_memory_stats_and_use_result_after_destroy_graph(
         g.replay()
         assert total(b) == 6 * numel
         if i == 0:
-            backend.synchronize(g.device)
+            backend.synchronize(g.device_spec)
             if hasattr(torch, device.type) and hasattr(getattr(torch, device.type), "empty_cache"):
                 getattr(torch, device.type).empty_cache()
 
