@@ -127,8 +127,16 @@ class OpLog(TorchDispatchMode):
 def record_ops(fn: Callable[..., Any], args: tuple, kwargs: dict) -> tuple[list, Any]:
     """Run ``fn`` once eagerly under ``no_grad`` and return (its op log, its result)."""
     log = OpLog()
-    with torch.no_grad(), log:
-        result = fn(*args, **kwargs)
+    try:
+        with torch.no_grad(), log:
+            result = fn(*args, **kwargs)
+    finally:
+        # Eager torch.cond run under this mode leaves a TorchDynamo skip cached on its wrapper
+        # (pytorch#163013): every later eager torch.cond of the process (a runner's warm-up)
+        # then fails with Unsupported. Undo it, as the recorder and the runner's verify do.
+        from .backends.recorder.control_flow import undo_dynamo_skip
+
+        undo_dynamo_skip()
     return log.ops, result
 
 

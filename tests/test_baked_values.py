@@ -175,3 +175,18 @@ def test_gemma2_sliding_window_cache_is_found_by_default() -> None:
 
     rep = check_capturable(step, torch.zeros(1, 1, dtype=torch.long))
     assert any(f.level == "baked" for f in rep.findings), rep.format()
+
+
+def test_baked_value_check_leaves_eager_cond_working() -> None:
+    """The baked-value log runs torch.cond under a dispatch mode; torch then caches a Dynamo skip
+    on cond's wrapper (pytorch#163013) and every later eager torch.cond failed with Unsupported
+    (a GraphRunner's warm-up after a check_capturable of the same step)."""
+    import accel_graph
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        return torch.cond(x.sum() > 0, lambda x: x * 2, lambda x: x - 1, (x,))
+
+    x = torch.ones(3)
+    assert accel_graph.check_capturable(step, x).ok
+    torch.testing.assert_close(step(x), x * 2)       # eager torch.cond still compiles
+    torch.testing.assert_close(step(-x), -x - 1)
