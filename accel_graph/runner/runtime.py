@@ -55,6 +55,8 @@ class Bucket:
     replays: int = 0  # graph calls served (stats counter)
     live_rows: int = 0  # rows of real work in those calls (stats counter)
     verify_diff: str | None = None  # the mismatch that disabled it
+    rows_checked: bool = False  # a padded call's live rows were compared with fn on them alone
+    mixes_rows: bool = False  # disabled because padded rows changed live rows: fallback is live
     captured_at_call: int | None = None  # calls served before its capture (0: before serving)
     output_bytes: int | None = None  # bytes of its static outputs
 
@@ -128,6 +130,9 @@ class RunnerRuntime:
     share_outputs: bool = False
     #: The shared output region (the first captured bucket's static outputs, flattened).
     output_region: list[torch.Tensor] | None = None
+    #: The caller declared ``fn`` row-independent: verification skips the live-rows check
+    #: (:mod:`.rows`).
+    rows_independent: bool = False
     #: Debug mode: warn when a call's outputs are still referenced at the next call.
     debug: bool = False
     #: Weak references to the outputs returned by the last call (debug mode only).
