@@ -74,7 +74,9 @@ def test_mixing_found_on_the_first_padded_call_after_full_ones() -> None:
         x = torch.randn(4, 16)
         torch.testing.assert_close(r(x), mixing(x))  # a full bucket has no padding: right
     bucket = r.runtime.bucket(4)
-    assert bucket.checks == 2 and not bucket.ready  # the live-rows check is still pending
+    assert bucket.checks == 2 and bucket.ready  # full batches: the hot path
+    rt = r.runtime
+    assert rt.route[4] is bucket and rt.route[3] is None  # padded ones wait for the check
     x = torch.randn(3, 16)
     torch.testing.assert_close(r(x), mixing(x))
     assert bucket.status == "disabled" and bucket.mixes_rows
@@ -105,6 +107,7 @@ def test_row_independent_linear_is_not_disabled() -> None:
     for size in (4, 8):
         b = r.runtime.bucket(size)
         assert b.status == "captured" and b.rows_checked and b.ready, (size, b.reason)
+        assert all(r.runtime.route[n] is b for n in range(size // 2 + 1, size + 1))  # all hot
     assert r.stats()["eager_calls"] == 0
 
 
@@ -151,9 +154,9 @@ def test_decoder_step_with_state_skips_the_check() -> None:
     out = runner(tok, torch.zeros(3, dtype=torch.int64))
     assert calls == [4]  # the padded eager run only: no run on the 3 live rows
     b = runner.runtime.bucket(4)
-    assert b.status == "captured" and not b.rows_checked
+    assert b.status == "captured"
     runner(tok, torch.ones(3, dtype=torch.int64))
-    assert b.ready  # verify=2 done: the hot path, without a live-rows check
+    assert b.ready and runner.runtime.route[3] is b  # verify=2 done: the hot path
     ref = Decoder(cfg)
     torch.testing.assert_close(out, ref.decode_step(tok, torch.zeros(3, dtype=torch.int64)))
 
@@ -165,6 +168,15 @@ def test_verify_false_serves_the_padded_replay() -> None:
     out = r(x)
     assert r.stats()["graph_calls"] == 1
     assert (out - mixing(x)).abs().max() > 1e-3
+
+
+def test_verify_lowered_to_zero_after_capture_releases_padded_routes() -> None:
+    r = runner_for(LINEAR)
+    assert r.runtime.route[3] is None  # the live-rows check is pending
+    r.verify = 0
+    x = torch.randn(3, 16)
+    torch.testing.assert_close(r(x), LINEAR(x))
+    assert r.runtime.route[3] is r.runtime.bucket(4) and r.stats()["graph_calls"] == 1
 
 
 def test_rows_independent_skips_the_check() -> None:
@@ -179,7 +191,7 @@ def test_rows_independent_skips_the_check() -> None:
     x = torch.randn(3, 16)
     torch.testing.assert_close(r(x), LINEAR(x))
     assert calls == [4]  # no run on the live rows
-    assert not r.runtime.bucket(4).rows_checked
+    assert r.runtime.route[3] is r.runtime.bucket(4)  # nothing pending for padded sizes
 
 
 def test_bucket_no_batch_is_padded_into_is_not_held_back() -> None:

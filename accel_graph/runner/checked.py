@@ -16,7 +16,7 @@ import torch.utils._pytree as pytree
 
 from .capture import disable_bucket
 from .fallback import count_eager, load_static, narrow_outputs
-from .rows import mixes_rows_reason, rows_pending, run_live, wants_rows_check
+from .rows import mixes_rows_reason, rows_apply, run_live, wants_rows_check
 from .runtime import Bucket, RunnerRuntime
 from .verify import UndoLog, compare
 
@@ -26,13 +26,14 @@ __all__ = ["check_due", "checked_replay"]
 def check_due(rt: RunnerRuntime, bucket: Bucket, n: int) -> bool:
     """Whether this call of ``bucket`` (``n`` live rows, the bucket serving) is a checked one:
     a replay ``verify`` samples (1, 2, 4, ...) or a padded call while the bucket's live-rows
-    check is pending. Sets ``bucket.ready`` (the hot path) once no check is left."""
+    check is pending. Sets ``bucket.ready`` (the hot path) once the sampled checks are done."""
+    if not bucket.rows_checked and not rows_apply(rt, bucket):  # verify lowered since capture
+        bucket.rows_checked = True
+        rt.build_routes()
     if bucket.checks >= rt.verify:  # sampled checks done (or verify lowered since)
-        bucket.ready = not rows_pending(rt, bucket)
-    if bucket.ready:
-        return False
+        bucket.ready = True
     nxt = bucket.replays + 1
-    sampled = bucket.checks < rt.verify and not nxt & (nxt - 1)
+    sampled = not bucket.ready and not nxt & (nxt - 1)
     return sampled or wants_rows_check(rt, bucket, n)
 
 
@@ -48,7 +49,8 @@ def checked_replay(rt: RunnerRuntime, bucket: Bucket, n: int, leaves: Sequence[A
     sampled = not nxt & (nxt - 1)  # a replay verify samples, not only a live-rows check
     # All three runs start from the same state: each eager run's writes are undone before the
     # next, and the ones of the result returned are re-applied at the end.
-    live = run_live(rt, bucket, n, leaves) if wants_rows_check(rt, bucket, n) else None
+    rows_check = wants_rows_check(rt, bucket, n)
+    live = run_live(rt, bucket, n, leaves) if rows_check else None
     load_static(rt, bucket.size, n, leaves)
     bargs, bkwargs = rt.bucket_args(bucket.size)
     undo = UndoLog()
@@ -76,6 +78,8 @@ def checked_replay(rt: RunnerRuntime, bucket: Bucket, n: int, leaves: Sequence[A
             count_eager(rt, f"bucket {bucket.size} {bucket.reason}", n)
             return live.outputs
         bucket.rows_checked = True
+    if rows_check and diff is None:  # checked (or skipped: fn raised): padded sizes route hot
+        rt.build_routes()
     if diff is not None:
         undo.reapply()  # keep eager's side effects: its result is the one returned
         bucket.verify_diff = diff
@@ -84,5 +88,5 @@ def checked_replay(rt: RunnerRuntime, bucket: Bucket, n: int, leaves: Sequence[A
         count_eager(rt, f"bucket {bucket.size} {bucket.reason}", n)
         return narrow_outputs(rt, expected, n)
     bucket.checks += sampled
-    bucket.ready = bucket.checks >= rt.verify and not rows_pending(rt, bucket)
+    bucket.ready = bucket.checks >= rt.verify
     return hand_out(bucket, n)

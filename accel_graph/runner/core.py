@@ -92,8 +92,8 @@ class GraphRunner:
             2**(N-1); False or 0: none. A mismatch disables the bucket (its calls fall back).
             Replays between checks take the slow path; after the last check, the hot path.
             A padded call is also compared with ``fn`` on its live rows alone (no ``state=``):
-            padded rows must not change live rows (:mod:`.rows`); until one is, a bucket's
-            full calls take the slow path. ``rows_independent=True`` skips that check.
+            padded rows must not change live rows (:mod:`.rows`): the first padded call of
+            each bucket is checked. ``rows_independent=True`` skips that check.
         strict: raise instead of falling back to eager (failed capture, verification mismatch,
             batch above the largest bucket).
         memory_budget: bytes the pool may hold; buckets that push it over are captured, measured

@@ -37,7 +37,7 @@ from .runtime import Bucket, RunnerRuntime
 from .support import reason_of
 from .verify import UndoLog
 
-__all__ = ["LiveRun", "mixes_rows_reason", "rows_pending", "run_live", "wants_rows_check"]
+__all__ = ["LiveRun", "mixes_rows_reason", "rows_apply", "rows_pending", "run_live", "wants_rows_check"]
 
 log = logging.getLogger("accel_graph")
 
@@ -51,15 +51,21 @@ class LiveRun:
     undo: UndoLog
 
 
-def rows_pending(rt: RunnerRuntime, bucket: Bucket) -> bool:
-    """Whether ``bucket`` still needs its live-rows check before it may take the hot path:
-    verification is on, the runner has no ``state=`` and no ``rows_independent=True``, a batch
-    can be padded into the bucket, and no padded call of it was checked yet."""
+def rows_apply(rt: RunnerRuntime, bucket: Bucket) -> bool:
+    """Whether ``bucket`` gets a live-rows check at all: verification is on, the runner has no
+    ``state=`` and no ``rows_independent=True``, and a batch can be padded into the bucket."""
     assert rt.states is not None
-    if bucket.rows_checked or rt.verify == 0 or rt.states.enabled or rt.rows_independent:
+    if rt.verify == 0 or rt.states.enabled or rt.rows_independent:
         return False
     below = [b for b in rt.ladder if b < bucket.size]
     return bucket.size - (below[-1] if below else 0) > 1
+
+
+def rows_pending(rt: RunnerRuntime, bucket: Bucket) -> bool:
+    """Whether ``bucket``'s live-rows check applies and has not run yet. While it is pending
+    the routes of its padded batch sizes are empty (:meth:`RunnerRuntime.build_routes`), so
+    those calls take the slow path, where the first one is checked; full batches do not wait."""
+    return not bucket.rows_checked and rows_apply(rt, bucket)
 
 
 def wants_rows_check(rt: RunnerRuntime, bucket: Bucket, n: int) -> bool:
