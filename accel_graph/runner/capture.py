@@ -17,6 +17,7 @@ from ..errors import AccelGraphError, CaptureError, ConfigError, OutOfMemoryErro
 from ..frontend import Graph, graph
 from ..gc_pause import gc_paused
 from .group import CODE_FAILED, CODE_OK, CODE_RAISED, check_same_setup, exchange
+from .rows import rows_apply
 from .runtime import Bucket, RunnerRuntime
 from .state import state_tensors
 from .support import broadcast_outputs, progress_bar, reason_of
@@ -198,6 +199,7 @@ def _warm_and_capture(rt: RunnerRuntime, bucket: Bucket, undo_warmup: bool) -> N
     bucket.replay = g.replay
     bucket.status = "captured"
     bucket.ready = rt.verify == 0
+    bucket.rows_checked = not rows_apply(rt, bucket)  # nothing to check: padded sizes route hot
 
 
 def _record_compile(rt: RunnerRuntime, bucket: Bucket, g: Graph) -> None:

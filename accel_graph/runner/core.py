@@ -25,7 +25,7 @@ from ..backends import select_backend
 from ..errors import ConfigError
 from ..frontend import Graph
 from .capture import capture_buckets, capture_lazily
-from .checked import checked_replay
+from .checked import check_due, checked_replay
 from .debug import debug_call
 from .dynamic import check_spec_dim, resolve_ladder
 from .fallback import FALLBACKS, load_static, run_eagerly
@@ -91,6 +91,9 @@ class GraphRunner:
             that move with state, such as a cache length), an int N: replays 1, 2, 4, ...,
             2**(N-1); False or 0: none. A mismatch disables the bucket (its calls fall back).
             Replays between checks take the slow path; after the last check, the hot path.
+            A padded call is also compared with ``fn`` on its live rows alone (no ``state=``):
+            padded rows must not change live rows (:mod:`.rows`): the first padded call of
+            each bucket is checked. ``rows_independent=True`` skips that check.
         strict: raise instead of falling back to eager (failed capture, verification mismatch,
             batch above the largest bucket).
         memory_budget: bytes the pool may hold; buckets that push it over are captured, measured
@@ -160,6 +163,7 @@ class GraphRunner:
         capture_time_budget: float | None = None,
         share_outputs: bool = False,
         debug: bool = False,
+        rows_independent: bool = False,
     ) -> None:
         if not callable(fn):
             raise ConfigError(f"fn must be callable, got {type(fn).__name__}")
@@ -230,6 +234,7 @@ class GraphRunner:
             capture_time_budget=None if capture_time_budget is None else float(capture_time_budget),
             share_outputs=bool(share_outputs),
             debug=bool(debug),
+            rows_independent=bool(rows_independent),
         )
         #: One caller at a time; views of static outputs serve one thread (:mod:`.guard`).
         self._guard = CallGuard()
@@ -380,10 +385,7 @@ class GraphRunner:
             return run_eagerly(rt, "capture() has not run yet", bucket, n, leaves, args, kwargs)
         if bucket.replay is None:
             return run_eagerly(rt, f"bucket {bucket.size} {bucket.reason}", bucket, n, leaves, args, kwargs)
-        nxt = bucket.replays + 1
-        if bucket.checks >= rt.verify:
-            bucket.ready = True  # checked enough (verify lowered since): the hot path from now
-        if bucket.ready or nxt & (nxt - 1):
+        if not check_due(rt, bucket, n):
             # Served as the hot path does: verify=0 after a lazy capture, or a replay between
             # two sampled checks (checks fall on replays 1, 2, 4, ...).
             load_static(rt, bucket.size, n, leaves)

@@ -8,7 +8,8 @@ bucket's views with the bucket's state. State kept per bucket (a KV cache prefil
 size) is then read and written the same way whether a graph or the fallback serves the batch.
 ``fallback="live"`` calls ``fn`` with the live batch at its own size (with ``state=`` built for
 that size), as before per-bucket state existed. A batch above the largest bucket always runs at
-its own size.
+its own size, and so does a bucket disabled because ``fn`` mixes rows across the batch
+(:mod:`.rows`: padding would change the live rows).
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ def run_eagerly(rt: RunnerRuntime, reason: str, bucket: Bucket | None, n: int,
         log.warning("GraphRunner: running eagerly: %s", reason)
     count_eager(rt, reason, n)
     assert rt.states is not None
-    if bucket is None or rt.fallback == "live":
+    # A bucket whose padded rows change its live rows (:mod:`.rows`) must not run padded.
+    if bucket is None or rt.fallback == "live" or bucket.mixes_rows:
         return rt.fn(*args, **kwargs, **rt.states.kwargs(n))
     return run_padded(rt, bucket, n, leaves)
 

@@ -55,6 +55,8 @@ class Bucket:
     replays: int = 0  # graph calls served (stats counter)
     live_rows: int = 0  # rows of real work in those calls (stats counter)
     verify_diff: str | None = None  # the mismatch that disabled it
+    rows_checked: bool = False  # no live-rows check left: passed, or none applies (.rows)
+    mixes_rows: bool = False  # disabled because padded rows changed live rows: fallback is live
     captured_at_call: int | None = None  # calls served before its capture (0: before serving)
     output_bytes: int | None = None  # bytes of its static outputs
 
@@ -128,6 +130,9 @@ class RunnerRuntime:
     share_outputs: bool = False
     #: The shared output region (the first captured bucket's static outputs, flattened).
     output_region: list[torch.Tensor] | None = None
+    #: The caller declared ``fn`` row-independent: verification skips the live-rows check
+    #: (:mod:`.rows`).
+    rows_independent: bool = False
     #: Debug mode: warn when a call's outputs are still referenced at the next call.
     debug: bool = False
     #: Weak references to the outputs returned by the last call (debug mode only).
@@ -153,7 +158,8 @@ class RunnerRuntime:
 
     #: Whether capture ran (even if every bucket was left out).
     captured: bool = False
-    #: ``route[n]``: the bucket serving live batch size n (1 <= n <= max_bucket; None before capture).
+    #: ``route[n]``: the bucket serving live batch size n (1 <= n <= max_bucket; None before
+    #: capture, and for n below a bucket whose live-rows check is pending: the slow path).
     route: list[Bucket | None] = field(init=False)
     #: Live batch size -> the serving bucket's outputs narrowed to n rows, prebuilt.
     outs: dict[int, Any] = field(default_factory=dict)
@@ -243,7 +249,8 @@ class RunnerRuntime:
             while self.buckets[k].size < n:
                 k += 1
             bucket = self.buckets[k]
-            self.route[n] = bucket
+            # A padded size waits on the slow path for the bucket's live-rows check (.rows).
+            self.route[n] = bucket if bucket.rows_checked or n == bucket.size else None
             if bucket.replay is not None:
                 self.outs[n] = self.sliced_outputs(bucket, n)
 

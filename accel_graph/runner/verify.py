@@ -1,6 +1,7 @@
 """Eager-vs-replay verification without doubling side effects.
 
-The first replay of each bucket is compared with an eager call on the same (padded) inputs.
+The first replay of each bucket is compared with an eager call on the same (padded) inputs
+(and, for a padded call, with ``fn`` on the live rows alone: :mod:`.rows`).
 Both mutate whatever state the function writes (a KV cache, a counter), so running both would
 apply the step twice. :class:`UndoLog` records, at the dispatcher, every tensor the eager call
 writes in place (cloning it just before its first write), so the runner can put the state back,
@@ -117,14 +118,16 @@ def _eager_rule(dense: Any, mode: TorchDispatchMode, *args: Any, **kwargs: Any) 
         undo_dynamo_skip()
 
 
-def compare(actual: Any, expected: Any, group: GroupInfo | None = None) -> str | None:
-    """None when ``actual`` is within the per-dtype tolerances of ``expected``, else why not.
+def compare(actual: Any, expected: Any, group: GroupInfo | None = None,
+            what: str = "replay vs eager") -> str | None:
+    """None when ``actual`` is within the per-dtype tolerances of ``expected``, else why not
+    (prefixed by ``what``, naming the output that differs and the largest difference).
 
     With a ``group`` (a runner with ``process_group=``) the verdict is agreed over it
     (:func:`~accel_graph.runner.group.agreed_diff`, a collective): a mismatch on any rank is a
     mismatch on every rank, so every rank disables the bucket together."""
     try:
-        assert_close_for_dtype(actual, expected, msg="replay vs eager")
+        assert_close_for_dtype(actual, expected, msg=what)
         diff = None
     except AssertionError as exc:
         diff = str(exc)
