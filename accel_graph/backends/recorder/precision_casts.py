@@ -27,7 +27,7 @@ import torch
 from .capture import Step
 from .pool_protocol import PoolRef
 
-__all__ = ["LOW_PRECISION", "cpu_codegen_keeps_casts", "refusal"]
+__all__ = ["LOW_PRECISION", "cpu_codegen_keeps_casts", "program_steps", "refusal"]
 
 #: The float dtypes whose intermediate rounding Inductor may elide.
 LOW_PRECISION = (torch.float16, torch.bfloat16)
@@ -47,7 +47,7 @@ def cpu_codegen_keeps_casts() -> bool:
         return False
 
 
-def _steps(steps: Iterable[Any]) -> Iterable[Step]:
+def program_steps(steps: Iterable[Any]) -> Iterable[Step]:
     """``steps`` and, depth first, the sub-programs of their control flow (``Step.extra``)."""
     for step in steps:
         if not isinstance(step, Step):
@@ -56,7 +56,7 @@ def _steps(steps: Iterable[Any]) -> Iterable[Step]:
         if step.kind in ("cond", "while") and isinstance(step.extra, tuple):
             for sub in step.extra:
                 if isinstance(sub, list):
-                    yield from _steps(sub)
+                    yield from program_steps(sub)
 
 
 def _low_precision(x: Any) -> bool:
@@ -75,7 +75,7 @@ def refusal(steps: list[Step], device_type: str) -> str | None:
     torch whose C++ code generator ignores ``emulate_precision_casts``."""
     if device_type != "cpu":
         return None
-    for step in _steps(steps):
+    for step in program_steps(steps):
         if _low_precision((step.args, step.kwargs, step.outputs)):
             if cpu_codegen_keeps_casts():
                 return None
