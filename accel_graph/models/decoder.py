@@ -221,7 +221,12 @@ class Decoder(nn.Module):
         """
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
             raise ValueError(f"decode_steps needs steps= a positive int (the loop's bound), got {steps!r}")
-        from torch._higher_order_ops import while_loop
+        # The operator itself, not the ``torch.while_loop`` wrapper: in eager the wrapper first
+        # runs Dynamo over the loop, and torch 2.11's Dynamo refuses a body that writes a
+        # closed-over buffer (the KV cache, written in place by every step: "Encountered input
+        # mutation during higher order op tracing"); 2.13+ accept it. The operator is what the
+        # wrapper calls after tracing, so eager, the recorder and native captures see the same.
+        while_loop = torch.ops.higher_order.while_loop
 
         b, dev = tokens.shape[0], tokens.device
         eos = torch.full((), -1 if eos_id is None else int(eos_id), dtype=torch.int64, device=dev)
@@ -241,7 +246,7 @@ class Decoder(nn.Module):
         init = (torch.zeros((), dtype=torch.int64, device=dev), tokens.clone(), positions.clone(),
                 torch.full((b, steps), -1, dtype=torch.int64, device=dev),
                 torch.ones(b, dtype=torch.bool, device=dev))
-        i, _, _, out, _ = while_loop(cond, body, init)
+        i, _, _, out, _ = while_loop(cond, body, init, ())
         return out, i
 
     def forward(self, tokens: Tensor, positions: Tensor) -> Tensor:

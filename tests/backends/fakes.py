@@ -407,6 +407,26 @@ class FakeXpuModule(FakeDeviceModule):
 
 
 # -- FAKE conditional-node capture (issue 18): plumbing only ----------------------------------
+CONDITIONAL_NODES = "torch._higher_order_ops.cudagraph_conditional_nodes"
+
+
+def conditional_nodes_module(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """torch's conditional-node capture module where this torch ships it (2.13+); on a torch
+    without it (2.11) an empty FAKE stand-in, put into ``sys.modules`` for the test only, so the
+    fakes below can give it their ``if_else_node`` / ``while_loop_node``. Plumbing only: the
+    stand-in has nothing of torch's code."""
+    import importlib
+    import sys
+    import types
+
+    try:
+        return importlib.import_module(CONDITIONAL_NODES)
+    except ImportError:
+        fake = types.ModuleType(CONDITIONAL_NODES, "FAKE stand-in (tests/backends/fakes.py)")
+        monkeypatch.setitem(sys.modules, CONDITIONAL_NODES, fake)
+        return fake
+
+
 def install_conditional_nodes(fake: FakeCudaModule, monkeypatch: pytest.MonkeyPatch, *,
                               while_nodes: bool = False) -> list[tuple[str, Any]]:
     """Give the FAKE ``torch.cuda.CUDAGraph`` torch 2.13's conditional-node methods (and, with
@@ -414,8 +434,6 @@ def install_conditional_nodes(fake: FakeCudaModule, monkeypatch: pytest.MonkeyPa
     ``while_loop_node`` with imitations that drive them without the ``pred.is_cuda`` check (the
     fakes' tensors live on the CPU). Returns the shared call log. Nothing is captured: branch
     ops run eagerly on the CPU, in the order the real builders issue them."""
-    import importlib
-
     from torch.utils import _pytree as pytree
 
     log: list[tuple[str, Any]] = []
@@ -458,8 +476,8 @@ def install_conditional_nodes(fake: FakeCudaModule, monkeypatch: pytest.MonkeyPa
                 g.end_capture_to_conditional_node()
         return outs[0]
 
-    api = importlib.import_module("torch._higher_order_ops.cudagraph_conditional_nodes")
-    monkeypatch.setattr(api, "if_else_node", if_else_node)
+    api = conditional_nodes_module(monkeypatch)
+    monkeypatch.setattr(api, "if_else_node", if_else_node, raising=False)
     if while_nodes:
         monkeypatch.setattr(cls, "begin_capture_to_while_node", begin_capture_to_while_node, raising=False)
         monkeypatch.setattr(cls, "set_conditional_handle_for_current_node",

@@ -23,11 +23,16 @@ import torch
 import accel_graph
 from accel_graph import CaptureError
 from accel_graph.backends import get_backend
-from accel_graph.backends.native_cf_support import python_level_refusal, torch_module
+from accel_graph.backends.native_cf_support import TORCH_MODULE, python_level_refusal, torch_module
 from accel_graph.backends.native_control_flow import ControlFlowMode
 from accel_graph.backends.recorder.modes import mode_stack
 
-from .fakes import FakeCudaModule, FakeXpuModule, install_conditional_nodes
+from .fakes import (
+    FakeCudaModule,
+    FakeXpuModule,
+    conditional_nodes_module,
+    install_conditional_nodes,
+)
 
 cond_op = torch.ops.higher_order.cond
 
@@ -55,8 +60,19 @@ def assert_still_usable(g: accel_graph.Graph, earlier: accel_graph.Graph, fake: 
     assert g.state == "instantiated"
 
 
+def with_torch_builder(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch's ``if_else_node`` present: the real one (2.13+), or on a torch without the module
+    (2.11) a FAKE stand-in that must never be called (the tests using this refuse first)."""
+    api = conditional_nodes_module(monkeypatch)
+    if not hasattr(api, "if_else_node"):
+        def if_else_node(*args: object) -> None:
+            raise AssertionError("FAKE if_else_node called although the graph class lacks the API")
+        monkeypatch.setattr(api, "if_else_node", if_else_node, raising=False)
+
+
 # -- feature detection --------------------------------------------------------------------------
-def test_fake_cf_detection_without_the_api_names_it(fake_cuda: FakeCudaModule) -> None:
+def test_fake_cf_detection_without_the_api_names_it(fake_cuda: FakeCudaModule, monkeypatch: pytest.MonkeyPatch) -> None:
+    with_torch_builder(monkeypatch)
     s = get_backend("cuda").control_flow_support()
     assert s.kind == "CUDA" and "begin_capture_to_if_node" in (s.cond or "")
     assert s.while_loop and s.switch
@@ -88,9 +104,33 @@ def test_fake_cf_detection_rocm_and_xpu(fake_rocm: FakeCudaModule, monkeypatch: 
     assert s.kind == "HIP" and "ROCm" in (s.cond or "")
 
 
+def test_fake_cf_detection_without_torchs_module(fake_cuda: FakeCudaModule, monkeypatch: pytest.MonkeyPatch) -> None:
+    # torch 2.11 has no cudagraph_conditional_nodes (None in sys.modules: importing it fails, as
+    # there). Every operator is refused with the module's name; everything else still captures.
+    import sys
+
+    monkeypatch.setitem(sys.modules, TORCH_MODULE, None)
+    assert torch_module() is None
+    s = get_backend("cuda").control_flow_support()
+    for why in (s.cond, s.while_loop, s.switch):
+        assert f"{TORCH_MODULE}.if_else_node" in (why or "")
+    earlier = first_graph(fake_cuda)  # a native capture without the module
+    assert earlier.state == "instantiated"
+    g = accel_graph.Graph(device="cuda:0")
+    with pytest.raises(CaptureError) as info, accel_graph.graph(g):
+        cond_op(torch.tensor(True), lambda t: t + 1, lambda t: t - 1, (torch.ones(3),))
+    assert "no conditional-node capture" in str(info.value) and "device='cpu'" in str(info.value)
+    assert_still_usable(g, earlier, fake_cuda)
+    assert f"torch {torch.__version__} cannot capture torch.cond" in (python_level_refusal("cond", "cuda") or "")
+
+
 def test_fake_cf_python_level_refusal_for_check_capturable() -> None:
-    assert python_level_refusal("cond", "cuda") is None  # torch 2.13's module has if_else_node
-    api = torch_module()
+    api = torch_module()  # the real module, where this torch has it (2.13+; 2.11 has none)
+    if hasattr(api, "if_else_node"):
+        assert python_level_refusal("cond", "cuda") is None
+    else:
+        assert f"torch {torch.__version__} cannot capture torch.cond" in (
+            python_level_refusal("cond", "cuda") or "")
     if hasattr(api, "while_loop_node"):  # a torch with while-node capture (2.14+)
         assert python_level_refusal("while_loop", "cuda") is None
     else:
@@ -213,7 +253,8 @@ def test_fake_cf_random_op_outside_branches_is_allowed(fake_cuda: FakeCudaModule
 
 
 # -- refusals where nodes are missing --------------------------------------------------------------
-def test_fake_cf_cond_refused_without_conditional_nodes(fake_cuda: FakeCudaModule) -> None:
+def test_fake_cf_cond_refused_without_conditional_nodes(fake_cuda: FakeCudaModule, monkeypatch: pytest.MonkeyPatch) -> None:
+    with_torch_builder(monkeypatch)  # torch's builder present, the graph class without the API
     earlier = first_graph(fake_cuda)
     g = accel_graph.Graph(device="cuda:0")
     with pytest.raises(CaptureError) as info, accel_graph.graph(g):

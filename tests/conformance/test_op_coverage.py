@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from accel_graph.backends.recorder.precision_casts import cpu_codegen_keeps_casts
 from accel_graph.testing import assert_replay_matches, capture
 
 from ._util import check_replay_matches_eager, copy_into, gen, randint, randn
@@ -81,8 +82,16 @@ def _scalars_and_types(a, b):
         a > 0,
         (a > 0) & (b[: a.shape[0], : a.shape[1]] < 0),
         torch.logical_not(a > 0).sum(),
+    )
+
+
+def _low_precision_casts(a, b):
+    # Compiled: eager's rounding of each fp16/bf16 intermediate must be kept (Inductor's
+    # emulate_precision_casts); a torch whose CPU code cannot keep it replays interpreted.
+    return (
         a.to(torch.bfloat16) * 3,
         (a.to(torch.float16) + 1).to(torch.float32),
+        (a.to(torch.float16) * 3 + b[: a.shape[0], : a.shape[1]].to(torch.float16)).float(),
     )
 
 
@@ -188,6 +197,7 @@ CASES = [
     _inplace_chain,
     _split_cat_stack,
     _scalars_and_types,
+    _low_precision_casts,
     _zero_dim_and_empty,
     _reductions,
     _nn_functional,
@@ -196,7 +206,11 @@ CASES = [
 
 
 @pytest.mark.parametrize("fn", CASES, ids=[f.__name__.strip("_") for f in CASES])
-def test_op_sweep(make_graph, device, fn):
+def test_op_sweep(make_graph, device, fn, request):
+    if fn is _low_precision_casts and device.type == "cpu" and not cpu_codegen_keeps_casts():
+        # torch 2.11: Inductor's C++ code skips the roundings whatever the setting (pytorch
+        # #185337); compiled replay must refuse, with this reason, and the result stay eager's.
+        request.applymarker(pytest.mark.accel_graph_expected_fallback("ignores emulate_precision_casts"))
     check_replay_matches_eager(
         make_graph,
         fn,

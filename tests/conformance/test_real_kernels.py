@@ -18,6 +18,7 @@ import pytest
 import torch
 from torch import nn
 
+from accel_graph.backends.recorder.random_order import decomposed_with_other_draws
 from accel_graph.testing import assert_replay_matches, capture
 
 from ._util import gen, randn
@@ -65,7 +66,11 @@ def test_rnn_replays_equal_to_eager(make_graph, device, cls, train, backward, ac
 
 
 @pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
-def test_rrelu_replays_equal_to_eager_after_the_same_seed(make_graph, device, train):
+def test_rrelu_replays_equal_to_eager_after_the_same_seed(make_graph, device, train, request):
+    if train and "rrelu_with_noise_functional" in decomposed_with_other_draws():
+        # torch 2.11's Inductor decomposes rrelu into draws of its own even with fallback_random:
+        # compiled replay must refuse with this reason and replay eager's draws interpreted.
+        request.applymarker(pytest.mark.accel_graph_expected_fallback("drawing other numbers than eager"))
     act = nn.RReLU().train(train)
     x = randn(gen(0), 4, 8, device=device)
     g = make_graph()

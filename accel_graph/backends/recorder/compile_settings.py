@@ -9,13 +9,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import random_order
+
 __all__ = ["inductor_settings"]
 
 
 def inductor_settings(freeze: bool, cpp_wrapper: bool = False) -> dict[str, Any]:
     """The Inductor config compiled replay compiles under (docs/recorder.md, "Compiled replay").
 
-    - ``fallback_random``: random ops call aten's kernels, so draws equal eager's after a seed.
+    - ``fallback_random``: random ops call aten's kernels, so draws equal eager's after a seed;
+      on a torch whose Inductor may reorder them (2.11), ``post_grad_custom_post_pass`` chains
+      them in program order (:mod:`.random_order`).
     - ``emulate_precision_casts``: keep eager's rounding of fp16/bf16 intermediates, which
       Inductor otherwise elides when it fuses low-precision ops (results then differ from eager
       by more than the fp32 tolerance, e.g. ``(x.half() + 1).float()``).
@@ -30,6 +34,9 @@ def inductor_settings(freeze: bool, cpp_wrapper: bool = False) -> dict[str, Any]
     """
     settings: dict[str, Any] = {"fallback_random": True, "emulate_precision_casts": True,
                                 "size_asserts": False}
+    # A torch whose Inductor does not keep random ops in program order (2.11) gets the pass
+    # that does (:mod:`.random_order`); nothing on later torches.
+    settings.update(random_order.ordering_settings())
     if freeze:
         settings["freezing"] = True
     if cpp_wrapper:

@@ -20,10 +20,12 @@ from typing import Any
 from ..base import ReplayMode
 from . import replay_choice
 from .compile_failures import compiler_hint, failure_reason, quiet_torch_errors
-from .compiled import compile_program
+from .compiled import CompileUnsupported, compile_program
 from .compiled_first_run import FirstRun, undo_plan
 from .freezing import written_storages
+from .precision_casts import refusal as precision_refusal
 from .program import build_replay
+from .random_order import refusal as order_refusal
 from .segmented import compile_any
 
 log = logging.getLogger("accel_graph")
@@ -112,6 +114,13 @@ class CompiledChoice:
         ``self._compiled["fallback"]`` (the interpreted program then replays)."""
         assert self._pool is not None
         try:
+            # A torch whose Inductor CPU code cannot keep eager's fp16/bf16 rounding, or the
+            # order of random draws: refused here, replayed interpreted (never a silently
+            # different result).
+            why = (precision_refusal(self._frozen_steps, self.device.device_type)
+                   or order_refusal(self._frozen_steps))
+            if why:
+                raise CompileUnsupported(why)
             with quiet_torch_errors():  # our one log line below says what failed
                 run, info = compile_any(self._frozen_steps, self._inputs, self._outputs,
                                         self._pool, self._compile_fn())

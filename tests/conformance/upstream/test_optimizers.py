@@ -19,6 +19,7 @@ import torch
 from torch.testing import assert_close
 
 import accel_graph
+from accel_graph.backends.recorder.precision_casts import cpu_codegen_keeps_casts
 
 from ._common import COMPILED, NEEDS_OPTIM
 
@@ -237,6 +238,14 @@ def test_graph_scaling_fused_optimizers(make_graph, device, name, config):
             scaler_graphed.step(opt)
             scaler_graphed.update()
 
+        if actually_do_graphs and not getattr(opt, "_step_supports_amp_scaling", False):
+            # An optimizer whose step cannot take the scaler's found_inf on the device (fused
+            # Adagrad on torch 2.11): GradScaler.step reads found_inf on the host, which a
+            # capture refuses with the reason (what a CUDA graph would do, less clearly).
+            with pytest.raises(accel_graph.CaptureError, match="_local_scalar_dense"), \
+                    accel_graph.graph(make_graph()):
+                scaler_graphed.step(opt)
+            continue
         if actually_do_graphs:
             g = make_graph()
             with accel_graph.graph(g):
@@ -267,9 +276,13 @@ _SCALING_CASES = [
 
 
 @pytest.mark.parametrize("name,foreach,fused", _SCALING_CASES)
-def test_graph_grad_scaling(make_graph, device, name, foreach, fused):
+def test_graph_grad_scaling(make_graph, device, name, foreach, fused, request):
     """Forward and backward with a scaled loss are captured; the scaler's step and update run
     eagerly after each replay and see the replayed gradients (inf included)."""
+    if device.type == "cpu" and not cpu_codegen_keeps_casts():
+        # fp16 loss on a torch whose Inductor CPU code skips fp16 roundings (2.11): compiled
+        # replay refuses with this reason (docs/recorder.md) and replays interpreted.
+        request.applymarker(pytest.mark.accel_graph_expected_fallback("ignores emulate_precision_casts"))
     if fused and name not in _fused_on(device):
         pytest.skip(f"torch has no fused {name} on {device.type}")
     scaler = torch.amp.GradScaler(device=device.type, init_scale=4.0)
