@@ -47,6 +47,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from .. import config
 from ..errors import AccelGraphError, CaptureError
 from .control_flow_checks import same_meta
+from .native_capture_errors import as_capture_error
 from .native_cf_support import RECORDER_HINT, ControlFlowSupport, torch_module
 
 #: What a shape or dtype mismatch would do to a conditional node (said in the error).
@@ -114,6 +115,19 @@ class ControlFlowMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
+        if not self.active:
+            return func(*args, **kwargs)
+        try:
+            return self._dispatch(func, args, kwargs)
+        except RuntimeError as exc:
+            # torch's raw "operation not permitted when stream is capturing" becomes the
+            # CaptureError the recorder raises for the same code (native_capture_errors).
+            err = as_capture_error(func, self.device, exc)
+            if err is None:
+                raise
+            raise err from exc
+
+    def _dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
         if not self.active:
             return func(*args, **kwargs)
         if isinstance(func, HigherOrderOperator):

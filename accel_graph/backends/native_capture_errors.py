@@ -1,0 +1,54 @@
+"""torch's raw stream-capture errors during a native capture, as :class:`CaptureError`.
+
+An op that real stream capture forbids (a host sync such as ``.item()``, ``bool(t)``,
+``nonzero``, a pageable copy, ``synchronize``) makes the CUDA/HIP runtime refuse it, and torch
+raises a bare ``torch.AcceleratorError`` (a ``RuntimeError``) saying "operation not permitted
+when stream is capturing"; every later op of that capture then fails with "operation failed due
+to a previous error during capture". The recorder raises a :class:`CaptureError` naming the op
+for the same code, and the conformance suite holds every backend to that (verified on an H200,
+torch 2.11, docs/device-results.md). :class:`.native_control_flow.ControlFlowMode` sees every
+op of a native capture, so it turns these errors into a ``CaptureError`` that names the op and
+says what to do, chained to torch's error; errors of any other kind pass through untouched.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import AccelGraphError, CaptureError
+
+__all__ = ["CAPTURE_ERROR_MARKERS", "as_capture_error"]
+
+#: Substrings of the CUDA and HIP runtime errors that mean "refused because a stream captures".
+CAPTURE_ERROR_MARKERS = (
+    "operation not permitted when stream is capturing",
+    "cudaErrorStreamCapture",
+    "hipErrorStreamCapture",
+    "operation failed due to a previous error during capture",
+    "during CUDA graph capture",
+)
+
+_FIX = (
+    "device graphs cannot run host syncs (.item(), bool(t), .tolist(), .cpu(), nonzero, "
+    "boolean masks, pageable copies, synchronize) or anything else the runtime refuses while a "
+    "stream captures. Keep values on the device (torch.where, masks, clamp), branch with "
+    "torch.cond, run `accel_graph.check_capturable(fn, *args)` to list every such op with its "
+    "source line, or capture with the recorder (device='cpu')"
+)
+
+
+def as_capture_error(func: Any, device: object, exc: BaseException) -> CaptureError | None:
+    """The :class:`CaptureError` for ``exc`` raised by ``func`` inside a native capture on
+    ``device``, or None when ``exc`` is not a stream-capture refusal (it then propagates as is)."""
+    if not isinstance(exc, RuntimeError) or isinstance(exc, AccelGraphError):
+        return None
+    text = str(exc)
+    if not any(marker in text for marker in CAPTURE_ERROR_MARKERS):
+        return None
+    first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    if "previous error" in text:
+        what = (f"{func} failed because an earlier op of this capture on {device} was refused "
+                f"(torch: {first}); the capture is ruined: find the first refused op. ")
+    else:
+        what = f"{func} is not allowed while {device} captures a graph (torch: {first}): "
+    return CaptureError(what + _FIX)
