@@ -42,6 +42,7 @@ from .base import (
     PoolHandle,
     PoolStats,
 )
+from .native_capture_errors import end_capture_quietly
 from .native_pools import NativePoolTable
 
 #: What torch.cuda.CUDAGraph gives the cuda and hip backends (HIP reuses the CUDA API).
@@ -102,6 +103,7 @@ class NativeGraphImpl(GraphImpl):
         self._bytes: int | None = None
         self._debug = False
         self._flow: control_flow.ControlFlowMode | None = None  # torch.cond & co during capture
+        self._stream: Any = None  # the stream the capture underway began on
 
     def capture_begin(self, pool: PoolHandle | None, capture_error_mode: str) -> None:
         b, pools = self._backend, self._backend.pools
@@ -118,6 +120,7 @@ class NativeGraphImpl(GraphImpl):
                 graph.enable_debug_mode()
             self.register_generators_with(graph)
             b.begin_capture(graph, torch_id, mode)
+            self._stream = b.current_stream(self.device)  # for end_capture_quietly
         except BaseException as exc:
             pools.unused(pool)  # no graph holds it: forget the bookkeeping entry
             if isinstance(exc, RuntimeError) and not isinstance(exc, AccelGraphError):
@@ -166,10 +169,8 @@ class NativeGraphImpl(GraphImpl):
         self._backend.capture_stopped(self)
         if graph is None:
             return
-        try:  # end the stream capture so the stream is usable again; it may already have ended
-            graph.capture_end()
-        except Exception:
-            pass
+        stream, self._stream = self._stream, None
+        end_capture_quietly(self._backend, stream, graph)
         try:
             graph.reset()
         except Exception:

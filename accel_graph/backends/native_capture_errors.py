@@ -13,11 +13,12 @@ says what to do, chained to torch's error; errors of any other kind pass through
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from ..errors import AccelGraphError, CaptureError
 
-__all__ = ["CAPTURE_ERROR_MARKERS", "as_capture_error"]
+__all__ = ["CAPTURE_ERROR_MARKERS", "as_capture_error", "end_capture_quietly"]
 
 #: Substrings of the CUDA and HIP runtime errors that mean "refused because a stream captures".
 CAPTURE_ERROR_MARKERS = (
@@ -52,3 +53,18 @@ def as_capture_error(func: Any, device: object, exc: BaseException) -> CaptureEr
     else:
         what = f"{func} is not allowed while {device} captures a graph (torch: {first}): "
     return CaptureError(what + _FIX)
+
+
+def end_capture_quietly(backend: Any, stream: Any, graph: Any) -> None:
+    """End ``graph``'s stream capture while dropping it, never raising.
+
+    torch's ``capture_end`` refuses any stream but the one the capture began on, and a stream
+    left capturing makes every later op on the device fail with the refusal above (seen on an
+    H200: one dropped capture failed the rest of the conformance run). So the end runs with
+    ``stream`` current, which an abort from elsewhere (``reset()`` after the ``with`` block
+    left the stream, another thread) would not have; the capture may already have ended."""
+    try:
+        with backend.stream_context(stream) if stream is not None else contextlib.nullcontext():
+            graph.capture_end()
+    except Exception:
+        pass

@@ -69,3 +69,34 @@ def test_as_capture_error_leaves_our_own_errors_alone() -> None:
     assert as_capture_error("op", "cuda:0", CaptureError("already ours: " + REFUSAL)) is None
     assert as_capture_error("op", "cuda:0", ValueError(REFUSAL)) is None
     assert isinstance(as_capture_error("op", "cuda:0", RuntimeError(REFUSAL)), CaptureError)
+
+
+def test_a_dropped_capture_ends_on_the_stream_it_began_on() -> None:
+    """torch's capture_end refuses any other stream; a capture left open made every later op
+    on the H200 fail. FAKE backend and graph: which stream is current at capture_end."""
+    import contextlib
+
+    from accel_graph.backends.native_capture_errors import end_capture_quietly
+
+    current = ["default"]
+    ended_on: list[str] = []
+
+    class Backend:
+        @contextlib.contextmanager
+        def stream_context(self, stream: str):  # noqa: ANN202
+            before, current[0] = current[0], stream
+            try:
+                yield
+            finally:
+                current[0] = before
+
+    class Graph:
+        def capture_end(self) -> None:
+            ended_on.append(current[0])
+            if current[0] != "side":
+                raise RuntimeError("Capture must end on the same stream it began on.")
+
+    end_capture_quietly(Backend(), "side", Graph())
+    assert ended_on == ["side"] and current == ["default"]
+    end_capture_quietly(Backend(), None, Graph())  # no stream known: tried as is, never raises
+    assert ended_on == ["side", "default"]
