@@ -12,10 +12,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from accel_graph.backends.recorder.precision_casts import cpu_codegen_keeps_casts
 from accel_graph.testing import assert_replay_matches, capture
 
-from ._util import check_replay_matches_eager, copy_into, gen, randint, randn
+from ._util import (
+    check_replay_matches_eager,
+    copy_into,
+    expect_low_precision_fallback,
+    gen,
+    randint,
+    randn,
+)
 
 
 def _views_keep_memory_alive(a, b):
@@ -207,10 +213,10 @@ CASES = [
 
 @pytest.mark.parametrize("fn", CASES, ids=[f.__name__.strip("_") for f in CASES])
 def test_op_sweep(make_graph, device, fn, request):
-    if fn is _low_precision_casts and device.type == "cpu" and not cpu_codegen_keeps_casts():
+    if fn is _low_precision_casts:
         # torch 2.11: Inductor's C++ code skips the roundings whatever the setting (pytorch
         # #185337); compiled replay must refuse, with this reason, and the result stay eager's.
-        request.applymarker(pytest.mark.accel_graph_expected_fallback("ignores emulate_precision_casts"))
+        expect_low_precision_fallback(request, device)
     check_replay_matches_eager(
         make_graph,
         fn,

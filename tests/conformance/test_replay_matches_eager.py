@@ -10,7 +10,14 @@ import torch.nn.functional as F
 import accel_graph
 from accel_graph.testing import assert_bitwise_equal, assert_replay_matches, capture
 
-from ._util import check_replay_matches_eager, copy_into, gen, randint, randn
+from ._util import (
+    check_replay_matches_eager,
+    copy_into,
+    expect_low_precision_fallback,
+    gen,
+    randint,
+    randn,
+)
 from .models import MLP, DecodeStep, TransformerBlock, build
 
 
@@ -127,7 +134,8 @@ def test_integer_tensor_indexing_is_legal(make_graph, device):
     )
 
 
-def test_mixed_dtypes(make_graph, device):
+def test_mixed_dtypes(make_graph, device, request):
+    expect_low_precision_fallback(request, device)
     table = randn(gen(7), 10, 8, device=device)
 
     def fn(x, w, ids):
@@ -175,8 +183,9 @@ def test_ops_with_out_overloads(make_graph, device):
     )
 
 
-def test_ops_without_out_overloads(make_graph, device):
+def test_ops_without_out_overloads(make_graph, device, request):
     """Ops with no ``.out`` form: fused attention, casts, scalar tensors."""
+    expect_low_precision_fallback(request, device)
 
     def fn(q, k, v):
         att = F.scaled_dot_product_attention(q, k, v)
