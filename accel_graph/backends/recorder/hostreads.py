@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from ...errors import CaptureError
+from .scoped_patch import ScopedPatch
 
 __all__ = ["HOST_READS", "acquire", "installed", "release", "watch", "unwatch"]
 
@@ -58,8 +59,6 @@ _ORIGINALS: dict[str, Any] = {name: getattr(_Tensor, name) for name in HOST_READ
 _MESSAGE_READS = frozenset({"__repr__", "__format__"})
 _TORCH_DIR = torch.__file__.rsplit("/", 1)[0] + "/"
 _tls = threading.local()
-_lock = threading.Lock()
-_installed = 0
 
 
 class _Watched:
@@ -140,31 +139,25 @@ def _wrapper(name: str) -> Callable[..., Any]:
 _WRAPPERS: dict[str, Callable[..., Any]] = {name: _wrapper(name) for name in HOST_READS}
 
 
-def acquire() -> None:
-    """A capture begins: wrap the methods if it is the first capture underway."""
-    global _installed
-    with _lock:
-        if _installed == 0:
-            for name, wrapper in _WRAPPERS.items():
-                if getattr(_Tensor, name) is _ORIGINALS[name]:  # ours to wrap
-                    setattr(_Tensor, name, wrapper)
-        _installed += 1
+def _install() -> None:
+    for name, wrapper in _WRAPPERS.items():
+        if getattr(_Tensor, name) is _ORIGINALS[name]:  # ours to wrap
+            setattr(_Tensor, name, wrapper)
 
 
-def release() -> None:
-    """A capture is over: put torch's methods back when no capture is underway."""
-    global _installed
-    with _lock:
-        if _installed == 0:
-            return
-        _installed -= 1
-        if _installed == 0:
-            for name, wrapper in _WRAPPERS.items():
-                if _Tensor.__dict__.get(name) is wrapper:  # leave alone what others put there
-                    if name in _ORIGINAL_OWN:
-                        setattr(_Tensor, name, _ORIGINALS[name])
-                    else:
-                        delattr(_Tensor, name)
+def _uninstall() -> None:
+    for name, wrapper in _WRAPPERS.items():
+        if _Tensor.__dict__.get(name) is wrapper:  # leave alone what others put there
+            if name in _ORIGINAL_OWN:
+                setattr(_Tensor, name, _ORIGINALS[name])
+            else:
+                delattr(_Tensor, name)
+
+
+#: Wraps the methods while some capture is underway: ``acquire()`` when a capture begins,
+#: ``release()`` when it ends, ``installed()`` whether they are wrapped now.
+_PATCH = ScopedPatch(_install, _uninstall)
+acquire, release, installed = _PATCH.acquire, _PATCH.release, _PATCH.installed
 
 
 #: Methods ``torch.Tensor`` defines itself (the others come from ``TensorBase``: deleting the
@@ -172,6 +165,3 @@ def release() -> None:
 _ORIGINAL_OWN = frozenset(name for name in HOST_READS if name in _Tensor.__dict__)
 
 
-def installed() -> bool:
-    """Whether the wrappers are in place (some capture is underway)."""
-    return _installed > 0

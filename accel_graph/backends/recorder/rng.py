@@ -50,11 +50,10 @@ from torch._ops import OpOverload
 from ...errors import CaptureError
 from . import hostflags
 from .plan import user_frame
+from .scoped_patch import ScopedPatch
 
 _Generator = torch.Generator
 _tls = threading.local()
-_lock = threading.Lock()
-_installed = 0
 _METHODS = ("get_state", "set_state", "manual_seed", "seed", "set_offset", "graphsafe_set_state",
             "graphsafe_get_state")
 #: The methods as torch defines them (read once; the wrappers and the replay steps call these).
@@ -342,40 +341,30 @@ def _type_modified() -> None:
     ctypes.pythonapi.PyType_Modified(ctypes.py_object(_Generator))
 
 
-def acquire() -> None:
-    """A capture begins: install the interception if it is the first one underway."""
-    global _installed
-    with _lock:
-        if _installed == 0 and interception_available():
-            d = _type_dict()
-            assert d is not None
-            for name, wrapper in _WRAPPERS.items():
-                if name in _originals and d.get(name) is _originals[name]:  # ours to wrap
-                    d[name] = wrapper
-            _type_modified()
-        if _installed == 0 and torch.set_flush_denormal is hostflags.original_flush_denormal():
-            torch.set_flush_denormal = _wrap_flush_denormal
-        _installed += 1
+def _install() -> None:
+    if interception_available():
+        d = _type_dict()
+        assert d is not None
+        for name, wrapper in _WRAPPERS.items():
+            if name in _originals and d.get(name) is _originals[name]:  # ours to wrap
+                d[name] = wrapper
+        _type_modified()
+    if torch.set_flush_denormal is hostflags.original_flush_denormal():
+        torch.set_flush_denormal = _wrap_flush_denormal
 
 
-def release() -> None:
-    """A capture is over: put the original methods back when no capture is underway."""
-    global _installed
-    with _lock:
-        if _installed == 0:
-            return
-        _installed -= 1
-        if _installed == 0:
-            d = _type_dict()
-            if d is not None:
-                for name, wrapper in _WRAPPERS.items():
-                    if d.get(name) is wrapper:  # leave alone what someone else put there since
-                        d[name] = _originals[name]
-                _type_modified()
-            if torch.set_flush_denormal is _wrap_flush_denormal:
-                torch.set_flush_denormal = hostflags.original_flush_denormal()
+def _uninstall() -> None:
+    d = _type_dict()
+    if d is not None:
+        for name, wrapper in _WRAPPERS.items():
+            if d.get(name) is wrapper:  # leave alone what someone else put there since
+                d[name] = _originals[name]
+        _type_modified()
+    if torch.set_flush_denormal is _wrap_flush_denormal:
+        torch.set_flush_denormal = hostflags.original_flush_denormal()
 
 
-def installed() -> bool:
-    """Whether the interception is in place (some capture is underway)."""
-    return _installed > 0
+#: The interception, in place while some capture is underway: ``acquire()`` when a capture
+#: begins, ``release()`` when it ends, ``installed()`` whether it is in place now.
+_PATCH = ScopedPatch(_install, _uninstall)
+acquire, release, installed = _PATCH.acquire, _PATCH.release, _PATCH.installed
