@@ -8,8 +8,10 @@ per-bucket memory from the allocator, a memory budget, eager-vs-replay verificat
 bucket's first replay, and eager fallback (logged) instead of aborting.
 
 The runner's whole state is one :class:`~accel_graph.runner.runtime.RunnerRuntime`
-(``runner.runtime``); this module builds it and serves calls from it, :mod:`.capture` captures
-into it and :mod:`.reports` reads it.
+(``runner.runtime``, its fixed settings a :class:`~accel_graph.runner.options.RunnerOptions`);
+this module builds it (the public constructor, checks in :mod:`.options` and :mod:`.inputs`) and
+serves calls on the hot path, :mod:`.serving` serves the rest, :mod:`.capture` captures into it
+and :mod:`.reports` reads it.
 """
 
 from __future__ import annotations
