@@ -25,7 +25,6 @@ from ..base import (
     GraphImpl,
     PoolHandle,
     PoolStats,
-    ReplayMode,
     next_user_pool_id,
 )
 from . import collective_check, collectives
@@ -222,13 +221,6 @@ class RecorderGraphImpl(CompiledChoice, GraphImpl):
             run()
 
         return first
-
-    def replay_mode(self) -> ReplayMode:
-        """Which program replays and why (``Graph.replay_mode()``)."""
-        decider = self._decider
-        if decider is not None:
-            return self._policy.deciding(decider.remaining, decider.why)
-        return self._mode
 
     def replay(self) -> None:
         if torch._C._len_torch_dispatch_stack():

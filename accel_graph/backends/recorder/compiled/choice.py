@@ -36,11 +36,11 @@ __all__ = ["CompiledChoice"]
 
 
 class CompiledChoice:
-    """The compiled replay of a recorder graph: compile, fall back, time, and follow the
-    graph's :class:`.policy.ReplayPolicy` (``_policy``), which decides. The host class provides
-    the captured program (``_steps``, ``_frozen_steps``, ``_inputs``, ``_outputs``, ``_pool``,
-    ``_signature``), ``device`` and the state set here (``_compiled``, ``_mode``, ``_decider``,
-    ``_replay_fn``)."""
+    """The compiled replay of a recorder graph: compile, fall back, time, follow the graph's
+    :class:`.policy.ReplayPolicy` (``_policy``), which decides, and answer ``replay_mode()``.
+    The host class provides the captured program (``_steps``, ``_frozen_steps``, ``_inputs``,
+    ``_outputs``, ``_pool``, ``_signature``), ``device`` and the state set here
+    (``_compiled``, ``_mode``, ``_decider``, ``_replay_fn``)."""
 
     _steps: list
     _frozen_steps: list
@@ -92,6 +92,13 @@ class CompiledChoice:
         decider = replay_choice.ReplayDecider(self, compiled, interpreted, why)
         self._decider = decider
         return decider
+
+    def replay_mode(self) -> ReplayMode:
+        """Which program replays and why (``Graph.replay_mode()``)."""
+        decider = self._decider
+        if decider is not None:
+            return self._policy.deciding(decider.remaining, decider.why)
+        return self._mode
 
     def settle_replay(self, decider: Any, compiled_s: float, interpreted_s: float,
                       rounds: int) -> None:
