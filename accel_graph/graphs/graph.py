@@ -2,7 +2,9 @@
 
 The vocabulary is PyTorch's (``torch.cuda.CUDAGraph``, ``torch.accelerator.Graph``), so this
 class drops in where those were used. ``Graph`` owns the states and every misuse error; the
-backend's :class:`~accel_graph.backends.base.GraphImpl` only does the mechanism.
+backend's :class:`~accel_graph.backends.base.GraphImpl` only does the mechanism. This module is
+the state machine; the checks it runs before a transition are in :mod:`.graph_checks`, and what
+a graph tells about itself (its read-only queries) in its base class, :mod:`.graph_queries`.
 
 States: ``empty`` -> ``capturing`` -> ``captured`` -> ``instantiated``; ``reset()`` returns to
 ``empty`` from any state. With ``keep_graph=False`` (the default) ``capture_end`` instantiates
