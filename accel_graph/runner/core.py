@@ -85,7 +85,8 @@ class GraphRunner:
         example_kwargs: keyword inputs, like ``example_inputs``.
         pool: a pool handle to capture into; default a new ``graph_pool_handle(device)``.
         device: default: the device of the example inputs.
-        compile, compile_options: passed to every :class:`~accel_graph.Graph` (``"inductor"``).
+        compile, compile_options: as for :class:`~accel_graph.Graph` (``"inductor"``), resolved
+            once here (``ACCEL_GRAPH_COMPILE`` read now) and used by every bucket's graph.
         verify: how many replays of each bucket are compared with eager at the padded shape,
             under the per-dtype tolerances of :mod:`accel_graph.foundation.tolerances`: True (default) 2
             (the first replay and the second, which catches host values baked at capture
