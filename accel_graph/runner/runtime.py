@@ -5,8 +5,8 @@
 backend, the shared pool, one :class:`Bucket` per batch size, the per-batch-size routes the hot
 path reads, and the counters behind ``stats()``. The modules of the runner are functions over
 it: ``GraphRunner.__init__`` (:mod:`.core`) fills it, :func:`~.capture.capture_buckets` captures
-into it, the serving path (:mod:`.core`, :mod:`.serving`) reads and counts in it, and :mod:`.reports` turns it into
-JSON. A runner exposes it as ``runner.runtime``.
+into it, the serving path (:mod:`.core`, :mod:`.serving`) reads and counts in it, and
+:mod:`.reports` turns it into JSON. A runner exposes it as ``runner.runtime``.
 
 Named *runtime*, not *state*: "state" is reserved for the per-bucket user state a runner may
 carry (``runner.state(bucket)``).
@@ -76,8 +76,8 @@ class RunnerRuntime:
     Given at construction: ``options`` (the fixed settings, a frozen
     :class:`~accel_graph.runner.options.RunnerOptions`; ``fn``, ``ladder``, ``device``,
     ``compile`` and the other settings read through to it) .. ``group`` (``pool`` is filled by
-    capture when None; the behaviour flags ``verify`` .. ``progress`` may be changed later). Derived at construction:
-    ``max_bucket``, ``buckets``, ``n_leaves``, ``lead``, ``lead_dim``, ``batched``, ``hot``.
+    capture when None; the behaviour flags ``verify`` .. ``progress`` may be changed later).
+    Derived at construction: ``max_bucket``, ``buckets``, ``n_leaves``, ``lead``, ``lead_dim``, ``batched``, ``hot``.
     Filled by capture: ``captured``, ``route``, ``outs``, ``out_spec``, ``out_dims`` and the
     buckets' fields. Counted by calls: ``eager_calls``, ``fallbacks``, ``graph_sizes``,
     ``eager_sizes`` and the buckets' ``replays``/``live_rows``.
