@@ -24,12 +24,12 @@ if TYPE_CHECKING:
     from .foundation.compile_options import CompileOptions
     from .graphs.capturable import check_capturable
     from .graphs.graph import (
-        EmptyGraphWarning,
         Graph,
         graph,
         graph_pool_handle,
         is_current_stream_capturing,
     )
+    from .graphs.graph_checks import EmptyGraphWarning
     from .graphs.graphed_callables import make_graphed_callables
     from .graphs.hooks import (
         register_graph_capture_end_hook,
@@ -49,7 +49,7 @@ _LAZY: dict[str, str] = {
     "check_capturable": ".graphs.capturable",
     "CompileOptions": ".foundation.compile_options",
     "OutOfMemoryError": ".errors",
-    "EmptyGraphWarning": ".graphs.graph",
+    "EmptyGraphWarning": ".graphs.graph_checks",
     "Graph": ".graphs.graph",
     "graph": ".graphs.graph",
     "graph_pool_handle": ".graphs.graph",

@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 import torch
 
 from ..errors import CaptureError
+from ..foundation.compile_options import CompileOptions
 
 #: The capture error modes of ``torch.cuda.graph`` / ``torch.accelerator.Graph``.
 CAPTURE_ERROR_MODES: tuple[str, ...] = ("default", "global", "thread_local", "relaxed")
@@ -279,8 +280,18 @@ class Backend(ABC):
         """Validate ``device`` for this backend and describe it; ``BackendUnavailable`` if absent."""
 
     @abstractmethod
-    def new_graph(self, device: DeviceSpec, *, keep_graph: bool, **options: Any) -> GraphImpl:
-        """A fresh, empty GraphImpl on ``device``. ``options`` are backend-specific (``compile``)."""
+    def new_graph(self, device: DeviceSpec, *, keep_graph: bool,
+                  compile: CompileOptions | None) -> GraphImpl:
+        """A fresh, empty GraphImpl on ``device``.
+
+        ``compile`` is ``compile=``/``compile_options=`` already resolved by the front end
+        (:func:`~accel_graph.foundation.compile_options.resolve_compile`): None asks for no
+        compiled replay, a :class:`~accel_graph.foundation.compile_options.CompileOptions` for
+        ``compile="inductor"`` with those options. A backend that cannot honour it must say so
+        (a warning, as native backends do), never drop it silently. The front end calls this
+        two frames below the line that constructs the ``Graph`` (``Graph.__init__`` or
+        :func:`accel_graph.graphs.graph.resolved_graph`, then ``Graph._build``), so a
+        warning with ``stacklevel=4`` points at that line."""
 
     @abstractmethod
     def graph_pool_handle(self, device: DeviceSpec) -> PoolHandle:

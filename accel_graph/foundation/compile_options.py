@@ -1,9 +1,11 @@
 """``Graph(compile="inductor", compile_options={...})``: the options of compiled replay.
 
 Parsed once, at ``Graph`` construction, so a misspelt key or a bad value fails there with the
-list of what is accepted, before anything is captured. The recorder backend reads the parsed
-:class:`CompileOptions`; native backends ignore compiled replay altogether (their graphs are
-already launch-free).
+list of what is accepted, before anything is captured. :func:`resolve_compile` turns the pair
+``compile=``/``compile_options=`` into one typed value (``CompileOptions | None``), resolved once
+by ``Graph`` and once by ``GraphRunner`` and passed typed to ``Backend.new_graph``. The recorder
+decides from it which program replays (``backends/recorder/compiled/policy.py``); native
+backends warn that it is ignored (their graphs are already launch-free).
 """
 
 from __future__ import annotations
@@ -84,10 +86,15 @@ def parse_compile_options(value: Mapping[str, Any] | CompileOptions | None,
 
 def resolve_compile(compile: str | None,
                     compile_options: Mapping[str, Any] | CompileOptions | None
-                    ) -> tuple[str | None, CompileOptions | None]:
-    """``compile=`` and ``compile_options=`` as a Graph (or every Graph of a runner) uses them:
-    ``compile=None`` takes ``ACCEL_GRAPH_COMPILE``, options need ``compile="inductor"`` and take
-    ``ACCEL_GRAPH_COMPILE_REPLAY`` as the default ``replay``. Raises :class:`ConfigError`."""
+                    ) -> CompileOptions | None:
+    """``compile=`` and ``compile_options=`` as a Graph (or every Graph of a runner) uses them,
+    resolved once: None means no compiled replay (the recorded program replays as captured), a
+    :class:`CompileOptions` means ``compile="inductor"`` with those options. ``compile=None``
+    takes ``ACCEL_GRAPH_COMPILE``; options need ``compile="inductor"`` and take
+    ``ACCEL_GRAPH_COMPILE_REPLAY`` as the default ``replay``. Raises :class:`ConfigError`.
+
+    The result is what crosses the backend contract (``Backend.new_graph(..., compile=)``), so
+    the environment is read here and nowhere below."""
     if compile is None:
         compile = config.default_compile()
     if compile not in (None, "inductor"):
@@ -95,5 +102,5 @@ def resolve_compile(compile: str | None,
     if compile is None:
         if compile_options is not None:
             raise ConfigError("compile_options apply to compiled replay only; pass compile='inductor' too")
-        return None, None
-    return compile, parse_compile_options(compile_options, default_replay=config.default_compile_replay())
+        return None
+    return parse_compile_options(compile_options, default_replay=config.default_compile_replay())

@@ -2,7 +2,9 @@
 
 The vocabulary is PyTorch's (``torch.cuda.CUDAGraph``, ``torch.accelerator.Graph``), so this
 class drops in where those were used. ``Graph`` owns the states and every misuse error; the
-backend's :class:`~accel_graph.backends.base.GraphImpl` only does the mechanism.
+backend's :class:`~accel_graph.backends.base.GraphImpl` only does the mechanism. This module is
+the state machine; the checks it runs before a transition are in :mod:`.graph_checks`, and what
+a graph tells about itself (its read-only queries) in its base class, :mod:`.graph_queries`.
 
 States: ``empty`` -> ``capturing`` -> ``captured`` -> ``instantiated``; ``reset()`` returns to
 ``empty`` from any state. With ``keep_graph=False`` (the default) ``capture_end`` instantiates
@@ -27,10 +29,7 @@ capture. Both synchronise and empty the caches first and drop the capture if the
 
 from __future__ import annotations
 
-import contextlib
-import sys
 import threading
-import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -38,63 +37,29 @@ from typing import Any
 import torch
 
 from ..backends import select_backend
-from ..backends.base import (
-    CAPTURE_ERROR_MODES,
-    Backend,
-    DeviceSpec,
-    GraphImpl,
-    PoolHandle,
-    ReplayMode,
-)
-from ..errors import CaptureError, ConfigError, GraphStateError
+from ..errors import CaptureError, GraphStateError
 from ..foundation.compile_options import CompileOptions, resolve_compile
 from . import hooks
 from .device_queries import graph_pool_handle, is_current_stream_capturing
+from .graph_checks import (
+    check_capture_error_mode,
+    check_capturing_thread,
+    check_generator,
+    check_process_allows_capture,
+    warn_empty_capture,
+)
+from .graph_queries import CAPTURED, CAPTURING, EMPTY, INSTANTIATED, GraphQueries
 
 __all__ = [
-    "EmptyGraphWarning",
     "Graph",
     "graph",
     "graph_pool_handle",
     "is_current_stream_capturing",
+    "resolved_graph",
 ]
 
-EMPTY, CAPTURING, CAPTURED, INSTANTIATED = "empty", "capturing", "captured", "instantiated"
 
-#: torch's words when a capture recorded nothing (``CUDAGraph::capture_end``, a ``TORCH_WARN``,
-#: so a ``UserWarning`` in Python); kept verbatim so filters written for torch's warning match.
-EMPTY_GRAPH_MESSAGE = (
-    "The CUDA Graph is empty. This usually means that the graph was attempted to be captured "
-    "on wrong device or stream."
-)
-
-
-class EmptyGraphWarning(UserWarning):
-    """A capture recorded no work: ``replay()`` will do nothing. A ``UserWarning``, as torch's."""
-
-
-def _caller_stacklevel() -> int:
-    """The ``stacklevel`` that points a warning at the user's line, past this module and the
-    ``contextlib`` frames of ``with graph(g):``."""
-    frame = sys._getframe(1)
-    level = 1
-    while frame is not None and (
-        frame.f_code.co_filename == __file__ or frame.f_code.co_filename == contextlib.__file__
-    ):
-        frame = frame.f_back
-        level += 1
-    return level
-
-
-def _check_mode(mode: str) -> str:
-    if mode not in CAPTURE_ERROR_MODES:
-        raise ConfigError(
-            f"unknown capture_error_mode {mode!r}; use one of {', '.join(CAPTURE_ERROR_MODES)}"
-        )
-    return mode
-
-
-class Graph:
+class Graph(GraphQueries):
     """A device graph: capture a region of work once, replay it many times.
 
     Args:
@@ -126,19 +91,27 @@ class Graph:
         compile: str | None = None,
         compile_options: Mapping[str, Any] | CompileOptions | None = None,
     ) -> None:
+        self._route(keep_graph, pool, capture_error_mode, device)
+        # Resolved after routing, as always: a bad device is reported before a bad compile=.
+        self._build(resolve_compile(compile, compile_options))
+
+    def _route(self, keep_graph: bool, pool: object | None, capture_error_mode: str,
+               device: torch.device | str | int | None) -> None:
+        """The first half of construction: the backend and device, the settings, the pool."""
         self._backend, dev = select_backend(device)
-        self._device: DeviceSpec = self._backend.device_spec(dev)
+        self._device = self._backend.device_spec(dev)
         self.keep_graph = bool(keep_graph)
-        self.capture_error_mode = _check_mode(capture_error_mode)
+        self.capture_error_mode = check_capture_error_mode(capture_error_mode)
         self.graph_pool = None if pool is None else self._backend.resolve_pool(pool, self._device)
-        compile, opts = resolve_compile(compile, compile_options)
-        self._compile = compile
-        options: dict[str, Any] = {"compile": compile}
-        if opts is not None:
-            options["compile_options"] = opts
-        self._impl: GraphImpl = self._backend.new_graph(self._device, keep_graph=self.keep_graph, **options)
+
+    def _build(self, compile: CompileOptions | None) -> None:
+        """The second half, with ``compile=``/``compile_options=`` resolved (None: no compiled
+        replay; see :func:`resolved_graph`): the backend's graph and the empty state. Calls
+        ``Backend.new_graph`` directly, so a warning it issues with ``stacklevel=4`` points at
+        the line that built the Graph."""
+        self._impl = self._backend.new_graph(self._device, keep_graph=self.keep_graph, compile=compile)
         self._state = EMPTY
-        self._pool: PoolHandle | None = None
+        self._pool = None
         self._debug = False
         #: The thread that began the capture underway (None unless capturing).
         self._capture_thread: threading.Thread | None = None
@@ -156,49 +129,13 @@ class Graph:
             except Exception:  # never raise from a finaliser; abort_capture should not either
                 pass
 
-    # -- introspection ------------------------------------------------------------------
-    @property
-    def backend(self) -> Backend:
-        """The backend this graph runs on."""
-        return self._backend
-
-    @property
-    def device(self) -> torch.device:
-        """The ``torch.device`` this graph captures on and replays on: pass it where torch
-        expects a device (``torch.zeros(2, device=g.device)``)."""
-        return self._device.torch_device
-
-    @property
-    def device_spec(self) -> DeviceSpec:
-        """The backend's :class:`~accel_graph.backends.base.DeviceSpec` of :attr:`device` (the
-        backend name and arch too): what ``g.backend``'s methods take."""
-        return self._device
-
-    @property
-    def state(self) -> str:
-        """One of ``"empty"``, ``"capturing"``, ``"captured"``, ``"instantiated"``."""
-        return self._state
-
-    @property
-    def exec_id(self) -> int | None:
-        """A process-unique id of the current instantiation (None before it, and after
-        ``reset()``); the destroy hooks receive the ids of a cycle (:mod:`accel_graph.graphs.hooks`)."""
-        return self._events.exec_id
-
-    def __repr__(self) -> str:
-        return f"Graph(device={self._device}, state={self._state})"
-
-    def _refuse(self, what: str, fix: str) -> GraphStateError:
-        return GraphStateError(
-            f"Graph.{what} is not allowed while the graph is {self._state} on {self._device}: {fix}"
-        )
-
     # -- capture ------------------------------------------------------------------------
     def capture_begin(self, pool: object | None = None, capture_error_mode: str | None = None) -> None:
         """Begin capturing on the current stream. Arguments override the constructor's."""
         self._check_can_begin()
-        self._check_process_allows_capture()
-        mode = _check_mode(capture_error_mode if capture_error_mode is not None else self.capture_error_mode)
+        check_process_allows_capture(self._backend, self._device)
+        mode = check_capture_error_mode(
+            capture_error_mode if capture_error_mode is not None else self.capture_error_mode)
         if pool is not None:
             handle = self._backend.resolve_pool(pool, self._device)
         elif self.graph_pool is not None:
@@ -229,36 +166,8 @@ class Graph:
                 "register generators before capture_begin() (torch: \"Cannot register the state "
                 "during capturing stage\")",
             )
-        if not isinstance(generator, torch.Generator):
-            raise ConfigError(
-                f"register_generator_state(generator) takes a torch.Generator, got "
-                f"{type(generator).__name__}"
-            )
-        want = self._device.torch_device.type
-        if generator.device.type != want:
-            raise ConfigError(
-                f"register_generator_state: the generator is on {generator.device}, the graph on "
-                f"{self._device}; pass a generator of the graph's device "
-                f"(torch.Generator(device={want!r}))"
-            )
+        check_generator(generator, self._device)
         self._impl.register_generator_state(generator)
-
-    def _check_capturing_thread(self, what: str) -> None:
-        """Refuse ending a capture from a thread other than the one that began it, as CUDA
-        does (``cudaErrorStreamCaptureWrongThread``) unless the capture is ``"relaxed"``. Allowed:
-        a ``relaxed`` capture (the capturing thread then runs eagerly), and a capture whose
-        thread has exited (nobody else can end it; the recorder invalidated it at the exit)."""
-        owner = self._capture_thread
-        here = threading.current_thread()
-        if owner is None or owner is here or not owner.is_alive() or self._capture_mode == "relaxed":
-            return
-        raise GraphStateError(
-            f"Graph.{what} was called from thread {here.name!r} (ident {here.ident}), but the "
-            f"capture on {self._device} is underway on thread {owner.name!r} (ident "
-            f"{owner.ident}) in capture_error_mode={self._capture_mode!r}: as on CUDA, only a "
-            f"'relaxed' capture may be ended or reset from another thread. Call {what} from "
-            f"thread {owner.name!r}, or capture with capture_error_mode='relaxed'"
-        )
 
     def _check_can_begin(self) -> None:
         if self._state == CAPTURING:
@@ -271,24 +180,11 @@ class Graph:
                 "it already holds a captured graph; call reset() to capture again, or create a new Graph",
             )
 
-    def _check_process_allows_capture(self) -> None:
-        """Raise ``CaptureError`` when a process-wide state forbids device-graph capture here:
-        the allocator plug-in installed as the whole-process CUDA allocator (torch keeps the
-        graph-pool hooks of pluggable allocators C++-only). Only native graphs are affected; the
-        recorder does not use torch's graph pools."""
-        if not self._backend.capabilities().native_graphs:
-            return
-        # Imported here: the plug-in module pulls in the allocator engine, which a process that
-        # never captures (or never uses the plug-in) should not pay for at `import accel_graph`.
-        from ..allocator.core.device_plugin import check_capture_allowed
-
-        check_capture_allowed(self._device)
-
     def capture_end(self) -> None:
         """End the capture begun by ``capture_begin``; instantiate unless ``keep_graph``."""
         if self._state != CAPTURING:
             raise self._refuse("capture_end()", "call capture_begin() first")
-        self._check_capturing_thread("capture_end()")
+        check_capturing_thread(self._capture_thread, self._capture_mode, self._device, "capture_end()")
         try:
             self._impl.capture_end()
         except BaseException:
@@ -303,11 +199,7 @@ class Graph:
         if not self.keep_graph:
             self._events.instantiated(self)
         if self._impl.work_count() == 0:
-            warnings.warn(EmptyGraphWarning(
-                f"{EMPTY_GRAPH_MESSAGE} (accel-graph on {self._device}: the capture recorded "
-                f"no operation that replay would run, so replay() does nothing. Ops of other "
-                f"threads are not captured; views and torch.empty run nothing at replay)"
-            ), stacklevel=_caller_stacklevel())
+            warn_empty_capture(self._device, __file__)
 
     def _abort(self) -> None:
         """Drop a capture that failed half-way: the graph is empty and reusable afterwards."""
@@ -363,7 +255,7 @@ class Graph:
         """Drop the captured graph so this object can capture again. Memory that tensors you
         still hold point into stays valid."""
         if self._state == CAPTURING:
-            self._check_capturing_thread("reset()")
+            check_capturing_thread(self._capture_thread, self._capture_mode, self._device, "reset()")
             self._abort()
         else:
             self._impl.reset()
@@ -371,54 +263,11 @@ class Graph:
             self._pool = None
         self._events.reset(self)  # as torch: every reset() ends a cycle, even of an empty graph
 
-    def pool(self) -> PoolHandle:
-        """The handle of this graph's pool; pass it as ``pool=`` to share memory with it."""
-        if self._pool is None:
-            raise self._refuse("pool()", "the pool exists only once capture_begin() has run")
-        return self._pool
-
-    # -- debugging and memory -----------------------------------------------------------
+    # -- debugging --------------------------------------------------------------------
     def enable_debug_mode(self) -> None:
         """Keep what ``debug_dump`` needs (and, on the recorder, poison capture outputs)."""
         self._debug = True
         self._impl.enable_debug_mode()
-
-    def debug_dump(self, path: str) -> None:
-        """Write the captured graph to ``path`` (DOT; the recorder adds ``path + ".json"``)."""
-        if self._state not in (CAPTURED, INSTANTIATED):
-            raise self._refuse("debug_dump()", "capture a graph first")
-        self._impl.debug_dump(str(path))
-
-    def memory_bytes(self) -> int | None:
-        """Bytes this graph's capture added to its pool (None where the backend cannot tell)."""
-        if self._state not in (CAPTURED, INSTANTIATED):
-            raise self._refuse("memory_bytes()", "capture a graph first")
-        return self._impl.memory_bytes()
-
-    def standalone_bytes(self) -> int | None:
-        """Bytes this graph would need in a pool of its own (None where unknown)."""
-        if self._state not in (CAPTURED, INSTANTIATED):
-            raise self._refuse("standalone_bytes()", "capture a graph first")
-        return self._impl.standalone_bytes()
-
-    def replay_mode(self) -> ReplayMode:
-        """Which program replays this graph and why (:class:`~accel_graph.backends.base.
-        ReplayMode`: ``mode`` ``"compiled"``, ``"interpreted"``, ``"undecided"`` or
-        ``"native"``, a ``reason``, and the measured median seconds of each program where
-        ``compile_options={"replay": "auto"}`` timed them). Allowed in every state: before
-        instantiation (and after ``reset()``) a compiled graph is ``"undecided"``."""
-        return self._impl.replay_mode()
-
-    def compile_info(self) -> dict[str, Any] | None:
-        """What compiling the replay program did (``compile="inductor"``), once instantiated.
-
-        On the recorder: ``{"backend": "inductor", "compile_s", "cache": "hit" | "miss", ...}``
-        (``compile_s`` is the seconds instantiation spent building and compiling the program, or
-        fetching it from the process-wide cache on a hit), or ``{"backend", "fallback": reason}``
-        when compilation failed and replay is interpreted. None when the graph is not compiled or
-        not instantiated yet, and on backends that do not compile.
-        """
-        return self._impl.compile_info()
 
     # -- context manager (torch.accelerator.Graph) --------------------------------------
     def _prepare_block_capture(self) -> None:
@@ -426,7 +275,7 @@ class Graph:
         device (a sync or ``empty_cache`` inside a capture already underway would break that
         capture with a raw device error), then synchronise and empty the caches, as torch does."""
         self._check_can_begin()
-        self._check_process_allows_capture()
+        check_process_allows_capture(self._backend, self._device)
         if self._backend.is_current_stream_capturing(self._device):
             raise CaptureError(
                 f"a capture is already underway on the current stream of {self._device}; end it "
@@ -460,7 +309,6 @@ class Graph:
         self.capture_end()
 
 
-
 @contextmanager
 def graph(
     g: Graph,
@@ -489,3 +337,19 @@ def graph(
             g._abort()
             raise
         g.capture_end()
+
+
+def resolved_graph(*, device: torch.device | str | int | None, pool: object | None,
+                   compile: CompileOptions | None) -> Graph:
+    """A :class:`Graph` (``keep_graph=False``, ``capture_error_mode="default"``) whose
+    ``compile=``/``compile_options=`` are already resolved by
+    :func:`~accel_graph.foundation.compile_options.resolve_compile` (None: no compiled replay).
+
+    For callers that build many graphs from one setting (``GraphRunner``, one per bucket): the
+    environment (``ACCEL_GRAPH_COMPILE``, ``ACCEL_GRAPH_COMPILE_REPLAY``) was read once, when
+    they resolved it, and is not read again per graph. ``Graph``'s own signature stays torch's
+    (the public constructor takes the unresolved pair)."""
+    g = Graph.__new__(Graph)
+    g._route(False, pool, "default", device)
+    g._build(compile)
+    return g

@@ -48,8 +48,6 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from torch.utils.hooks import RemovableHandle
 
-    from .graph import Graph
-
 __all__ = [
     "DestroyNotice",
     "GraphEvents",
@@ -63,7 +61,9 @@ __all__ = [
 
 _log = logging.getLogger(__name__)
 
-GraphHook = Callable[["Graph"], None]
+# The graph argument is the accel_graph.Graph firing the event. Typed ``Any`` here: this module
+# sits below graphs/graph.py (which imports it to fire the hooks) and must not import it back.
+GraphHook = Callable[[Any], None]
 DestroyHook = Callable[[set[int]], None]
 
 # The registries, keyed by RemovableHandle id (an OrderedDict: the handle holds it weakly and
@@ -143,22 +143,22 @@ class GraphEvents:
 
     __slots__ = ("exec_id", "cycle", "_finalizer")
 
-    def __init__(self, graph: Graph) -> None:
+    def __init__(self, graph: object) -> None:
         self.exec_id: int | None = None
         self._arm(graph)
 
-    def _arm(self, graph: Graph) -> None:
+    def _arm(self, graph: object) -> None:
         self.cycle = DestroyNotice()
         self._finalizer = weakref.finalize(graph, self.cycle.fire)
 
-    def instantiated(self, graph: Graph) -> None:
+    def instantiated(self, graph: object) -> None:
         """``graph`` was just instantiated: mint its exec id, fire the instantiate hooks."""
         self.exec_id = next_exec_id()
         self.cycle.exec_ids.add(self.exec_id)
         if instantiate_hooks:
             fire(instantiate_hooks, graph)
 
-    def reset(self, graph: Graph) -> None:
+    def reset(self, graph: object) -> None:
         """``graph.reset()`` ran: fire this cycle's destroy event, start the next cycle."""
         self._finalizer.detach()
         self.cycle.fire()

@@ -15,7 +15,7 @@ import torch.utils._pytree as pytree
 
 from ..errors import AccelGraphError, CaptureError, ConfigError, OutOfMemoryError
 from ..foundation.gc_pause import gc_paused
-from ..graphs.graph import Graph, graph
+from ..graphs.graph import Graph, graph, resolved_graph
 from .group import CODE_FAILED, CODE_OK, CODE_RAISED, check_same_setup, exchange
 from .rows import rows_apply
 from .runtime import Bucket, RunnerRuntime
@@ -36,11 +36,11 @@ def capture_buckets(rt: RunnerRuntime) -> None:
     """Warm up and capture every bucket of ``rt``, largest first, into one shared pool.
 
     A bucket whose capture fails (``CaptureError``, out of memory) or that pushes the pool over
-    ``rt.memory_budget`` or the capture time over ``rt.capture_time_budget`` is left out with
+    ``rt.memory_budget`` or the capture time over ``rt.options.capture_time_budget`` is left out with
     its reason (``rt.strict`` raises instead); its batches run eagerly. With
-    ``rt.capture_mode == "lazy"`` nothing is captured here: each bucket is captured on its first
+    ``rt.options.capture_mode == "lazy"`` nothing is captured here: each bucket is captured on its first
     call (:func:`capture_lazily`). Raises AccelGraphError when ``rt`` was captured before,
-    ConfigError when the budget cannot hold even the smallest bucket, or when ``rt.fn`` returns
+    ConfigError when the budget cannot hold even the smallest bucket, or when ``rt.options.fn`` returns
     something other than tensors. ``rt.captured`` is set and the routes built even when capture
     raises half-way.
     """
@@ -48,12 +48,12 @@ def capture_buckets(rt: RunnerRuntime) -> None:
         raise AccelGraphError("GraphRunner.capture() already ran; build a new runner to recapture")
     if rt.pool is None:
         rt.pool = rt.backend.graph_pool_handle(rt.device_spec)
-    if rt.capture_mode == "lazy":
+    if rt.options.capture_mode == "lazy":
         rt.captured = True
         rt.build_routes()
         return
     if rt.group is not None:
-        check_same_setup(rt.group, rt.ladder, rt.verify)
+        check_same_setup(rt.group, rt.options.ladder, rt.verify)
     strict = rt.strict
     # With a process group a rank must not raise alone (the others would wait in their next
     # collective): strict raises after the ranks agree, on every rank (_capture_agreed).
@@ -109,8 +109,8 @@ def capture_lazily(rt: RunnerRuntime, bucket: Bucket) -> None:
 
 
 def _over_time_budget(rt: RunnerRuntime, bucket: Bucket) -> bool:
-    """Leave ``bucket`` out (True) when capture has used up ``rt.capture_time_budget``."""
-    budget = rt.capture_time_budget
+    """Leave ``bucket`` out (True) when capture has used up ``rt.options.capture_time_budget``."""
+    budget = rt.options.capture_time_budget
     if budget is None or rt.capture_seconds < budget:
         return False
     disable_bucket(rt, bucket, "over_time_budget",
@@ -130,11 +130,12 @@ def _capture_one(rt: RunnerRuntime, bucket: Bucket, undo_warmup: bool = False) -
 
 def _warm_and_capture(rt: RunnerRuntime, bucket: Bucket, undo_warmup: bool) -> None:
     b = bucket.size
+    opts = rt.options
     for s, x in zip(rt.inputs, rt.examples):
         s.fill_bucket(x, b)
     args, kwargs = rt.bucket_args(b)
     backend = rt.backend
-    spec = backend.device_spec(rt.device)
+    spec = backend.device_spec(opts.device)
     # Warm-up on the stream capture will use (per-stream library handles, e.g. hipBLASLt, must
     # exist before capture): workspaces, lazy init, algorithm choice; and, on native backends,
     # both branches of every torch.cond (control_flow_warmup), not only the one taken.
@@ -142,7 +143,7 @@ def _warm_and_capture(rt: RunnerRuntime, bucket: Bucket, undo_warmup: bool) -> N
     try:
         with torch.no_grad(), backend.stream_context(backend.capture_stream(spec)), undo, \
                 backend.control_flow_warmup(spec):
-            warm = rt.fn(*args, **kwargs)
+            warm = opts.fn(*args, **kwargs)
     except (OutOfMemoryError, torch.OutOfMemoryError, MemoryError) as exc:
         disable_bucket(rt, bucket, "failed", f"eager warm-up ran out of memory: {reason_of(exc)}", exc)
         return
@@ -154,12 +155,13 @@ def _warm_and_capture(rt: RunnerRuntime, bucket: Bucket, undo_warmup: bool) -> N
     warm_shapes = [(x.shape, x.dtype) for x in warm_leaves]
     del warm, warm_leaves
     backend.synchronize(spec)
-    g = Graph(device=rt.device, pool=rt.pool, compile=rt.compile, compile_options=rt.compile_options)
+    # compile= resolved once, at construction (RunnerOptions): not read again per bucket.
+    g = resolved_graph(device=opts.device, pool=rt.pool, compile=opts.graph_compile)
     t0 = time.perf_counter()
     region = _region_for(rt, warm_spec, warm_shapes, b)
     try:
         with torch.no_grad(), graph(g, pool=rt.pool):
-            out = rt.fn(*args, **kwargs)
+            out = opts.fn(*args, **kwargs)
             if region is not None:  # write the outputs into the shared region, in the graph
                 for dst, src in zip(region, pytree.tree_leaves(out)):
                     dst.copy_(src)
@@ -188,7 +190,7 @@ def _warm_and_capture(rt: RunnerRuntime, bucket: Bucket, undo_warmup: bool) -> N
     leaves, out_spec = pytree.tree_flatten(out)
     if rt.out_spec is None:
         rt.out_spec = out_spec
-        rt.out_dims = broadcast_outputs(rt.output_batch_dim, out_spec)
+        rt.out_dims = broadcast_outputs(opts.output_batch_dim, out_spec)
     bucket.output_bytes = sum(x.numel() * x.element_size() for x in leaves)
     if region is not None:
         leaves = region  # the graph copied its outputs there; its own die with ``out``
@@ -320,7 +322,7 @@ def _check_outputs(rt: RunnerRuntime, out: Any, b: int) -> None:
             f"GraphRunner's function returned {what}; it must return a tensor or a "
             f"tuple/list/dict of tensors (a graph's outputs are device memory)"
         )
-    dims = broadcast_outputs(rt.output_batch_dim, spec)
+    dims = broadcast_outputs(rt.options.output_batch_dim, spec)
     for k, (x, d) in enumerate(zip(leaves, dims)):
         if d is not None and (x.dim() <= d or x.shape[d] != b):
             raise ConfigError(

@@ -39,7 +39,7 @@ def check_due(rt: RunnerRuntime, bucket: Bucket, n: int) -> bool:
 
 def checked_replay(rt: RunnerRuntime, bucket: Bucket, n: int, leaves: Sequence[Any],
                    hand_out: Callable[[Bucket, int], Any]) -> Any:
-    """Replay ``bucket`` for ``n`` live rows (``leaves``) after running ``rt.fn`` eagerly on the
+    """Replay ``bucket`` for ``n`` live rows (``leaves``) after running ``rt.options.fn`` eagerly on the
     same padded inputs (and, for a padded call with the live-rows check pending, on the live
     rows alone), and compare. Equal: the call's outputs, from ``hand_out(bucket, n)``. Padded
     replay differs from padded eager: the bucket is disabled and eager's outputs (narrowed to
@@ -55,7 +55,7 @@ def checked_replay(rt: RunnerRuntime, bucket: Bucket, n: int, leaves: Sequence[A
     bargs, bkwargs = rt.bucket_args(bucket.size)
     undo = UndoLog()
     with undo:
-        expected = rt.fn(*bargs, **bkwargs)
+        expected = rt.options.fn(*bargs, **bkwargs)
     undo.snapshot_post()
     undo.restore()  # eager's writes undone: replay starts from the same state
     assert bucket.replay is not None

@@ -8,8 +8,10 @@ per-bucket memory from the allocator, a memory budget, eager-vs-replay verificat
 bucket's first replay, and eager fallback (logged) instead of aborting.
 
 The runner's whole state is one :class:`~accel_graph.runner.runtime.RunnerRuntime`
-(``runner.runtime``); this module builds it and serves calls from it, :mod:`.capture` captures
-into it and :mod:`.reports` reads it.
+(``runner.runtime``, its fixed settings a :class:`~accel_graph.runner.options.RunnerOptions`);
+this module builds it (the public constructor, checks in :mod:`.options` and :mod:`.inputs`) and
+serves calls on the hot path, :mod:`.serving` serves the rest, :mod:`.capture` captures into it
+and :mod:`.reports` reads it.
 """
 
 from __future__ import annotations
@@ -24,18 +26,17 @@ import torch.utils._pytree as pytree
 from ..backends import select_backend
 from ..errors import ConfigError
 from ..graphs.graph import Graph
-from .capture import capture_buckets, capture_lazily
-from .checked import check_due, checked_replay
+from .capture import capture_buckets
 from .debug import debug_call
-from .dynamic import check_spec_dim, resolve_ladder
-from .fallback import FALLBACKS, load_static, run_eagerly
+from .dynamic import check_spec_dim
 from .group import GroupInfo
 from .guard import CallGuard
-from .inputs import InputSpec, broadcast, leaf_names
+from .inputs import ExampleInputs
+from .options import RunnerOptions, check_settings, verify_checks
 from .reports import memory_report, stats
-from .runtime import Bucket, RunnerRuntime
+from .runtime import RunnerRuntime
+from .serving import bad_inputs, copied, serve_slow
 from .state import StateTable
-from .support import fits
 
 __all__ = ["GraphRunner"]
 
@@ -84,7 +85,8 @@ class GraphRunner:
         example_kwargs: keyword inputs, like ``example_inputs``.
         pool: a pool handle to capture into; default a new ``graph_pool_handle(device)``.
         device: default: the device of the example inputs.
-        compile, compile_options: passed to every :class:`~accel_graph.Graph` (``"inductor"``).
+        compile, compile_options: as for :class:`~accel_graph.Graph` (``"inductor"``), resolved
+            once here (``ACCEL_GRAPH_COMPILE`` read now) and used by every bucket's graph.
         verify: how many replays of each bucket are compared with eager at the padded shape,
             under the per-dtype tolerances of :mod:`accel_graph.foundation.tolerances`: True (default) 2
             (the first replay and the second, which catches host values baked at capture
@@ -165,76 +167,44 @@ class GraphRunner:
         debug: bool = False,
         rows_independent: bool = False,
     ) -> None:
-        if not callable(fn):
-            raise ConfigError(f"fn must be callable, got {type(fn).__name__}")
-        ladder = resolve_ladder(buckets, max_batch, dynamic)
-        if memory_budget is not None and (
-            isinstance(memory_budget, bool) or not isinstance(memory_budget, int) or memory_budget <= 0
-        ):
-            raise ConfigError(f"memory_budget must be a positive number of bytes, got {memory_budget!r}")
-        if fallback not in FALLBACKS:
-            raise ConfigError(f"fallback must be one of {FALLBACKS}, got {fallback!r}")
-        if capture not in ("eager", "lazy"):
-            raise ConfigError(f"capture must be 'eager' or 'lazy', got {capture!r}")
-        if capture_time_budget is not None and (
-            isinstance(capture_time_budget, bool) or not isinstance(capture_time_budget, (int, float))
-            or not capture_time_budget > 0
-        ):
-            raise ConfigError(
-                f"capture_time_budget must be a positive number of seconds, got {capture_time_budget!r}"
-            )
-
-        args = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
-        kwargs = dict(example_kwargs or {})
-        leaves, in_spec = pytree.tree_flatten((args, kwargs))
-        if not leaves:
-            raise ConfigError("example_inputs has no tensors; GraphRunner needs at least one input")
-        first = next((x for x in leaves if isinstance(x, torch.Tensor)), None)
-        if first is None:
-            raise ConfigError("example_inputs holds no tensor")
-        dev = torch.device(device) if device is not None else first.device
-        if dev.type != "cpu" and dev.index is None and first.device.type == dev.type:
-            dev = first.device
-        names = leaf_names(args, kwargs)
-        dims = broadcast(batch_dim, in_spec, "batch_dim", 0)
-        pads = broadcast(pad_value, in_spec, "pad_value", 0)
-        idx = broadcast(pad_index, in_spec, "pad_index", None)
-        inputs = [
-            InputSpec.build(nm, x, d, p, i, ladder[-1], dev)
-            for nm, x, d, p, i in zip(names, leaves, dims, pads, idx)
-        ]
-        check_spec_dim(dynamic, inputs)
+        ladder = check_settings(fn, buckets, max_batch, dynamic, memory_budget, fallback, capture,
+                                capture_time_budget)
+        ex = ExampleInputs.build(example_inputs, example_kwargs, device, batch_dim, pad_value,
+                                 pad_index, ladder[-1])
+        check_spec_dim(dynamic, ex.inputs)
         # Graphs get the resolved device, never the bare argument: device="cuda" with inputs on
         # cuda:1 must capture on cuda:1, not on whatever device is current.
-        backend, routed = select_backend(dev)
+        backend, routed = select_backend(ex.device)
+        device_spec = backend.device_spec(routed)
+        checks = verify_checks(verify)
+        group = None if process_group is None else GroupInfo.build(process_group, ex.device, capture)
+        states = StateTable(state, ex.device)
+        # Resolved last, as always: compile=/compile_options errors come after the others.
+        options = RunnerOptions.resolve(
+            fn=fn, ladder=ladder, output_batch_dim=output_batch_dim, device=ex.device,
+            compile=compile, compile_options=compile_options, fallback=fallback,
+            capture_mode=capture,
+            capture_time_budget=None if capture_time_budget is None else float(capture_time_budget),
+            rows_independent=bool(rows_independent), debug=bool(debug),
+        )
         self._runtime = RunnerRuntime(
-            fn=fn,
-            ladder=ladder,
-            inputs=inputs,
-            examples=[x.detach() for x in leaves],
-            in_spec=in_spec,
-            kw_order=dict.fromkeys(kwargs),
-            # Fast path: positional tensors only, no kwargs: the call's args are the leaves.
-            flat_args=not kwargs and all(isinstance(a, torch.Tensor) for a in args),
-            output_batch_dim=output_batch_dim,
-            device=dev,
+            options=options,
+            inputs=ex.inputs,
+            examples=ex.examples,
+            in_spec=ex.in_spec,
+            kw_order=ex.kw_order,
+            flat_args=ex.flat_args,
             backend=backend,
-            device_spec=backend.device_spec(routed),
-            compile=compile, compile_options=compile_options,
-            verify=_verify_checks(verify),
+            device_spec=device_spec,
+            verify=checks,
             strict=bool(strict),
             copy_outputs=bool(copy_outputs),
             memory_budget=memory_budget,
             progress=progress,
             pool=pool,
-            group=None if process_group is None else GroupInfo.build(process_group, dev, capture),
-            states=StateTable(state, dev),
-            fallback=fallback,
-            capture_mode=capture,
-            capture_time_budget=None if capture_time_budget is None else float(capture_time_budget),
+            group=group,
+            states=states,
             share_outputs=bool(share_outputs),
-            debug=bool(debug),
-            rows_independent=bool(rows_independent),
         )
         #: One caller at a time; views of static outputs serve one thread (:mod:`.guard`).
         self._guard = CallGuard()
@@ -251,7 +221,8 @@ class GraphRunner:
     max_bucket = _forwarded("max_bucket", "The largest bucket.")
     device = _forwarded("device", "The runner's device (where inputs must be).")
     inputs = _forwarded("inputs", "The static inputs, one :class:`InputSpec` per input leaf.")
-    compile = _forwarded("compile", "``compile=`` of every Graph.")
+    compile = _forwarded("compile", "``compile=`` of every Graph, as given.")
+
     @property
     def verify(self) -> int:
         """Replays per bucket compared with eager (``verify=`` as a number; settable)."""
@@ -259,7 +230,8 @@ class GraphRunner:
 
     @verify.setter
     def verify(self, value: bool | int) -> None:
-        self._runtime.verify = _verify_checks(value)
+        self._runtime.verify = verify_checks(value)
+
     strict = _forwarded("strict", "Raise instead of falling back to eager.", settable=True)
     copy_outputs = _forwarded("copy_outputs", "Return copies, not views into static outputs.", settable=True)
     memory_budget = _forwarded("memory_budget", "Bytes the shared pool may hold during capture.", settable=True)
@@ -305,7 +277,7 @@ class GraphRunner:
             guard.exit()
 
     def _call(self, rt: RunnerRuntime, args: tuple, kwargs: dict) -> Any:
-        if rt.debug:
+        if rt.options.debug:
             return debug_call(rt, self._serve, args, kwargs)
         return self._serve(args, kwargs)
 
@@ -327,19 +299,19 @@ class GraphRunner:
         try:
             n = leaves[rt.lead].shape[rt.lead_dim]
         except (AttributeError, IndexError):
-            raise self._bad(leaves, 1) from None
+            raise bad_inputs(rt, leaves, 1) from None
         bucket = rt.route[n] if 0 < n <= rt.max_bucket else None
         if bucket is None or not bucket.ready:
-            return self._slow(n, leaves, args, kwargs)
+            return serve_slow(rt, n, leaves, args, kwargs)
         # The hot path: compare, copy, pad, replay, return prebuilt views. Everything else
         # (views per batch size, output slices) was built at capture.
         try:
             for (live, shapes, dtype, device), x in zip(rt.hot, leaves):
                 if x.shape != shapes[n] or x.dtype is not dtype or x.device != device:
-                    raise self._bad(leaves, n)
+                    raise bad_inputs(rt, leaves, n)
                 live[n].copy_(x)
         except AttributeError:  # a leaf that is not a tensor
-            raise self._bad(leaves, n) from None
+            raise bad_inputs(rt, leaves, n) from None
         size = bucket.size
         if n != size:
             for s in rt.batched:
@@ -349,64 +321,8 @@ class GraphRunner:
         bucket.live_rows += n
         rt.graph_sizes[n] += 1
         if rt.copy_outputs:
-            return _copy(rt.outs[n])
+            return copied(rt.outs[n])
         return rt.outs[n]
-
-    def _bad(self, leaves: Sequence[Any], n: int) -> ConfigError:
-        inputs = self._runtime.inputs
-        for s, x in zip(inputs, leaves):
-            if not fits(s, x):
-                return ConfigError(s.mismatch(x, n))
-        sizes = {s.name: x.shape[s.batch_dim] for s, x in zip(inputs, leaves) if s.batch_dim is not None}
-        return ConfigError(f"batched inputs disagree on the batch size: {sizes}")
-
-    def _slow(self, n: int, leaves: Sequence[Any], args: tuple, kwargs: dict) -> Any:
-        """Everything off the hot path: validation, lazy capture, first-replay verification,
-        eager fallback."""
-        rt = self._runtime
-        for s, x in zip(rt.inputs, leaves):
-            if not fits(s, x):
-                raise self._bad(leaves, max(n, 1))
-        if n < 1:
-            raise ConfigError(
-                f"batch of size {n} (input {rt.inputs[rt.lead].name}): a batch needs at least one row"
-            )
-        for s, x in zip(rt.inputs, leaves):
-            if s.batch_dim is not None and x.shape[s.batch_dim] != n:
-                raise self._bad(leaves, n)
-        if n > rt.max_bucket:
-            return run_eagerly(rt, f"batch {n} is above the largest bucket ({rt.max_bucket})",
-                               None, n, leaves, args, kwargs)
-        bucket = rt.bucket_for(n)
-        assert bucket is not None
-        if rt.capture_mode == "lazy" and bucket.status == "pending":
-            capture_lazily(rt, bucket)
-        if not rt.captured:
-            return run_eagerly(rt, "capture() has not run yet", bucket, n, leaves, args, kwargs)
-        if bucket.replay is None:
-            return run_eagerly(rt, f"bucket {bucket.size} {bucket.reason}", bucket, n, leaves, args, kwargs)
-        if not check_due(rt, bucket, n):
-            # Served as the hot path does: verify=0 after a lazy capture, or a replay between
-            # two sampled checks (checks fall on replays 1, 2, 4, ...).
-            load_static(rt, bucket.size, n, leaves)
-            return self._served(bucket, n)
-        return checked_replay(rt, bucket, n, leaves, self._handed_out)
-
-    def _served(self, bucket: Bucket, n: int) -> Any:
-        """Replay ``bucket`` (inputs already in place) and hand out its outputs."""
-        assert bucket.replay is not None
-        bucket.replay()
-        return self._handed_out(bucket, n)
-
-    def _handed_out(self, bucket: Bucket, n: int) -> Any:
-        """Count a replay of ``bucket`` for ``n`` live rows and return its outputs (as the hot
-        path does, inline)."""
-        rt = self._runtime
-        bucket.replays += 1
-        bucket.live_rows += n
-        rt.graph_sizes[n] += 1
-        out = rt.outs[n]
-        return _copy(out) if rt.copy_outputs else out
 
     # ------------------------------------------------------------------------------------
     # buckets and their state
@@ -437,9 +353,9 @@ class GraphRunner:
             raise ConfigError("this runner has no per-bucket state; pass GraphRunner(..., state=factory)")
         if isinstance(bucket, bool) or not isinstance(bucket, int) or bucket < 1:
             raise ConfigError(f"state(bucket): bucket must be a positive int, got {bucket!r}")
-        if bucket <= rt.max_bucket and bucket not in rt.ladder:
+        if bucket <= rt.max_bucket and bucket not in rt.options.ladder:
             raise ConfigError(
-                f"state({bucket}): {bucket} is not a bucket of this runner ({rt.ladder}); "
+                f"state({bucket}): {bucket} is not a bucket of this runner ({rt.options.ladder}); "
                 f"runner.bucket_for({bucket}) = {self.bucket_for(bucket)} is the bucket that "
                 f"serves a batch of {bucket}"
             )
@@ -475,19 +391,3 @@ class GraphRunner:
     def __repr__(self) -> str:
         return (f"GraphRunner(buckets={self.buckets}, captured={self.captured_buckets}, "
                 f"device={self.device}, compile={self.compile!r})")
-
-
-def _verify_checks(verify: Any) -> int:
-    """``verify=`` as the number of replays per bucket to check (True: 2, False: 0)."""
-    if isinstance(verify, bool):
-        return 2 if verify else 0
-    if not isinstance(verify, int) or verify < 0:
-        raise ConfigError(f"verify must be True, False or a number of checked replays >= 0, got {verify!r}")
-    return verify
-
-
-def _copy(out: Any) -> Any:
-    """A copy of a runner's outputs (``copy_outputs=True``)."""
-    if isinstance(out, torch.Tensor):
-        return out.clone()
-    return pytree.tree_map(torch.clone, out)

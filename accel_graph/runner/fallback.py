@@ -24,13 +24,9 @@ from ..errors import AccelGraphError
 from .runtime import Bucket, RunnerRuntime
 from .support import broadcast_outputs
 
-__all__ = ["FALLBACKS", "count_eager", "load_static", "narrow_outputs", "run_eagerly"]
+__all__ = ["count_eager", "load_static", "narrow_outputs", "run_eagerly"]
 
 log = logging.getLogger("accel_graph")
-
-#: The values of ``GraphRunner(fallback=...)``.
-FALLBACKS = ("padded", "live")
-
 
 def run_eagerly(rt: RunnerRuntime, reason: str, bucket: Bucket | None, n: int,
                 leaves: Sequence[Any], args: tuple, kwargs: dict) -> Any:
@@ -46,8 +42,8 @@ def run_eagerly(rt: RunnerRuntime, reason: str, bucket: Bucket | None, n: int,
     count_eager(rt, reason, n)
     assert rt.states is not None
     # A bucket whose padded rows change its live rows (:mod:`.rows`) must not run padded.
-    if bucket is None or rt.fallback == "live" or bucket.mixes_rows:
-        return rt.fn(*args, **kwargs, **rt.states.kwargs(n))
+    if bucket is None or rt.options.fallback == "live" or bucket.mixes_rows:
+        return rt.options.fn(*args, **kwargs, **rt.states.kwargs(n))
     return run_padded(rt, bucket, n, leaves)
 
 
@@ -63,7 +59,7 @@ def run_padded(rt: RunnerRuntime, bucket: Bucket, n: int, leaves: Sequence[Any])
     padding, the bucket's state); its outputs narrowed to the ``n`` live rows."""
     load_static(rt, bucket.size, n, leaves)
     bargs, bkwargs = rt.bucket_args(bucket.size)
-    return narrow_outputs(rt, rt.fn(*bargs, **bkwargs), n)
+    return narrow_outputs(rt, rt.options.fn(*bargs, **bkwargs), n)
 
 
 def load_static(rt: RunnerRuntime, size: int, n: int, leaves: Sequence[Any]) -> None:
@@ -78,6 +74,6 @@ def load_static(rt: RunnerRuntime, size: int, n: int, leaves: Sequence[Any]) -> 
 def narrow_outputs(rt: RunnerRuntime, out: Any, n: int) -> Any:
     """``out`` (at a bucket's size) with each batched output narrowed to ``n`` rows."""
     leaves, spec = pytree.tree_flatten(out)
-    dims = rt.out_dims if rt.out_spec == spec else broadcast_outputs(rt.output_batch_dim, spec)
+    dims = rt.out_dims if rt.out_spec == spec else broadcast_outputs(rt.options.output_batch_dim, spec)
     sliced = [x if d is None else x.narrow(d, 0, n) for x, d in zip(leaves, dims)]
     return pytree.tree_unflatten(sliced, spec)

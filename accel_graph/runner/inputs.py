@@ -14,7 +14,7 @@ import torch.utils._pytree as pytree
 
 from ..errors import ConfigError
 
-__all__ = ["InputSpec", "broadcast", "leaf_names"]
+__all__ = ["ExampleInputs", "InputSpec", "broadcast", "leaf_names"]
 
 
 def leaf_names(args: tuple, kwargs: dict) -> list[str]:
@@ -137,3 +137,56 @@ class InputSpec:
         else:
             got = f"{x.dtype}[{', '.join(map(str, x.shape))}] on {x.device}"
         return f"input {self.name}: expected {expected} (batch dim {self.batch_dim}), got {got}"
+
+
+@dataclass(frozen=True)
+class ExampleInputs:
+    """The example inputs of ``GraphRunner(...)``, flattened, with the runner's device and one
+    :class:`InputSpec` (static buffer) per leaf: what the runtime's input fields are built from."""
+
+    #: One static input per input leaf, in pytree order of ``(args, kwargs)``.
+    inputs: list[InputSpec]
+    #: The example leaves (detached), whose rows seed each bucket's warm-up.
+    examples: list[torch.Tensor]
+    #: The pytree structure of ``(args, kwargs)`` every call must match.
+    in_spec: pytree.TreeSpec
+    #: The example's keyword names, in the order they were flattened.
+    kw_order: dict[str, None]
+    #: True when the inputs are positional tensors only: a call's args are the leaves.
+    flat_args: bool
+    #: The runner's device: ``device=``, else the first input's (with its index).
+    device: torch.device
+
+    @classmethod
+    def build(cls, example_inputs: Any, example_kwargs: Any, device: Any, batch_dim: Any,
+              pad_value: Any, pad_index: Any, max_bucket: int) -> ExampleInputs:
+        """Flatten the examples and size a static buffer per leaf for ``max_bucket`` rows;
+        ``ConfigError`` when they hold no tensor or do not fit the per-input settings."""
+        args = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
+        kwargs = dict(example_kwargs or {})
+        leaves, in_spec = pytree.tree_flatten((args, kwargs))
+        if not leaves:
+            raise ConfigError("example_inputs has no tensors; GraphRunner needs at least one input")
+        first = next((x for x in leaves if isinstance(x, torch.Tensor)), None)
+        if first is None:
+            raise ConfigError("example_inputs holds no tensor")
+        dev = torch.device(device) if device is not None else first.device
+        if dev.type != "cpu" and dev.index is None and first.device.type == dev.type:
+            dev = first.device
+        names = leaf_names(args, kwargs)
+        dims = broadcast(batch_dim, in_spec, "batch_dim", 0)
+        pads = broadcast(pad_value, in_spec, "pad_value", 0)
+        idx = broadcast(pad_index, in_spec, "pad_index", None)
+        inputs = [
+            InputSpec.build(nm, x, d, p, i, max_bucket, dev)
+            for nm, x, d, p, i in zip(names, leaves, dims, pads, idx)
+        ]
+        return cls(
+            inputs=inputs,
+            examples=[x.detach() for x in leaves],
+            in_spec=in_spec,
+            kw_order=dict.fromkeys(kwargs),
+            # Fast path: positional tensors only, no kwargs: the call's args are the leaves.
+            flat_args=not kwargs and all(isinstance(a, torch.Tensor) for a in args),
+            device=dev,
+        )

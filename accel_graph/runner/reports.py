@@ -38,11 +38,11 @@ def memory_report(rt: RunnerRuntime) -> dict[str, Any]:
     } for b in rt.buckets]
     return {
         "schema": MEMORY_SCHEMA,
-        "device": str(rt.device),
+        "device": str(rt.options.device),
         # The backend is routed at construction; the report names it once capture has used it,
         # as its schema has always said ("null before capture()").
         "backend": rt.backend.name if rt.captured else None,
-        "compile": rt.compile,
+        "compile": rt.options.compile,
         "pool_reserved_bytes": reserved,
         "pool_peak_reserved_bytes": peak,
         "memory_budget_bytes": rt.memory_budget,
@@ -74,7 +74,7 @@ def stats(rt: RunnerRuntime) -> dict[str, Any]:
     return {
         "schema": STATS_SCHEMA,
         "calls": graph_calls + rt.eager_calls,  # served calls (refused ones not counted)
-        "capture_mode": rt.capture_mode,
+        "capture_mode": rt.options.capture_mode,
         "stale_output_warnings": rt.stale_output_warnings,
         "capture_seconds": rt.capture_seconds,
         "compile_seconds": rt.compile_seconds,  # included in capture_seconds

@@ -55,9 +55,9 @@ def rows_apply(rt: RunnerRuntime, bucket: Bucket) -> bool:
     """Whether ``bucket`` gets a live-rows check at all: verification is on, the runner has no
     ``state=`` and no ``rows_independent=True``, and a batch can be padded into the bucket."""
     assert rt.states is not None
-    if rt.verify == 0 or rt.states.enabled or rt.rows_independent:
+    if rt.verify == 0 or rt.states.enabled or rt.options.rows_independent:
         return False
-    below = [b for b in rt.ladder if b < bucket.size]
+    below = [b for b in rt.options.ladder if b < bucket.size]
     return bucket.size - (below[-1] if below else 0) > 1
 
 
@@ -74,7 +74,7 @@ def wants_rows_check(rt: RunnerRuntime, bucket: Bucket, n: int) -> bool:
 
 
 def run_live(rt: RunnerRuntime, bucket: Bucket, n: int, leaves: Sequence[Any]) -> LiveRun | None:
-    """Run ``rt.fn`` eagerly on the call's live inputs (``leaves``, ``n`` rows), undoing its
+    """Run ``rt.options.fn`` eagerly on the call's live inputs (``leaves``, ``n`` rows), undoing its
     in-place writes. None when ``fn`` raised at that size: the check is then skipped for the
     bucket with a warning (the runner served such a call before this check existed, and a
     check never raises: it reports)."""
@@ -82,7 +82,7 @@ def run_live(rt: RunnerRuntime, bucket: Bucket, n: int, leaves: Sequence[Any]) -
     undo = UndoLog()
     try:
         with undo:
-            out = rt.fn(*args, **kwargs)
+            out = rt.options.fn(*args, **kwargs)
         # Clone before restoring: an output that is a view of state would otherwise show the
         # restored values, not the ones this run computed.
         out = pytree.tree_map(lambda x: x.clone() if isinstance(x, torch.Tensor) else x, out)

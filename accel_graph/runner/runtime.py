@@ -1,11 +1,12 @@
 """Everything one :class:`~accel_graph.runner.GraphRunner` holds, in one record.
 
-:class:`RunnerRuntime` is the runner's whole state: its settings, the static inputs, the
+:class:`RunnerRuntime` is the runner's whole state: its settings (the fixed ones in one frozen
+:class:`~accel_graph.runner.options.RunnerOptions`, ``runtime.options``), the static inputs, the
 backend, the shared pool, one :class:`Bucket` per batch size, the per-batch-size routes the hot
 path reads, and the counters behind ``stats()``. The modules of the runner are functions over
 it: ``GraphRunner.__init__`` (:mod:`.core`) fills it, :func:`~.capture.capture_buckets` captures
-into it, the serving path (:mod:`.core`) reads and counts in it, and :mod:`.reports` turns it into
-JSON. A runner exposes it as ``runner.runtime``.
+into it, the serving path (:mod:`.core`, :mod:`.serving`) reads and counts in it, and
+:mod:`.reports` turns it into JSON. A runner exposes it as ``runner.runtime``.
 
 Named *runtime*, not *state*: "state" is reserved for the per-bucket user state a runner may
 carry (``runner.state(bucket)``).
@@ -23,6 +24,7 @@ import torch.utils._pytree as pytree
 
 from ..errors import ConfigError
 from .inputs import InputSpec
+from .options import RunnerOptions
 from .state import StateTable
 
 if TYPE_CHECKING:
@@ -61,13 +63,21 @@ class Bucket:
     output_bytes: int | None = None  # bytes of its static outputs
 
 
+def _option(name: str) -> property:
+    """A read-only attribute of the runtime that reads ``options.<name>``."""
+    return property(lambda self: getattr(self.options, name),
+                    doc=f"``options.{name}`` (:class:`~accel_graph.runner.options.RunnerOptions`).")
+
+
 @dataclass(eq=False, slots=True)
 class RunnerRuntime:
     """The state of one GraphRunner; every field is public and documented.
 
-    Given at construction: ``fn`` .. ``group`` (``pool`` is filled by capture when None; the
-    behaviour flags ``verify`` .. ``progress`` may be changed later). Derived at construction:
-    ``max_bucket``, ``buckets``, ``n_leaves``, ``lead``, ``lead_dim``, ``batched``, ``hot``.
+    Given at construction: ``options`` (the fixed settings, a frozen
+    :class:`~accel_graph.runner.options.RunnerOptions`; ``fn``, ``ladder``, ``device``,
+    ``compile`` and the other settings read through to it) .. ``group`` (``pool`` is filled by
+    capture when None; the behaviour flags ``verify`` .. ``progress`` may be changed later).
+    Derived at construction: ``max_bucket``, ``buckets``, ``n_leaves``, ``lead``, ``lead_dim``, ``batched``, ``hot``.
     Filled by capture: ``captured``, ``route``, ``outs``, ``out_spec``, ``out_dims`` and the
     buckets' fields. Counted by calls: ``eager_calls``, ``fallbacks``, ``graph_sizes``,
     ``eager_sizes`` and the buckets' ``replays``/``live_rows``.
@@ -75,10 +85,8 @@ class RunnerRuntime:
     Raises ConfigError when no input has a batch dimension.
     """
 
-    #: The step served, ``fn(*args, **kwargs)``; also what runs on eager fallback.
-    fn: Callable[..., Any]
-    #: The bucket sizes, ascending (``runner.buckets``).
-    ladder: list[int]
+    #: The user's settings, validated and fixed at construction (:mod:`.options`).
+    options: RunnerOptions
     #: One static input per input leaf, in pytree order of ``(args, kwargs)``.
     inputs: list[InputSpec]
     #: The example leaves (detached), whose rows seed each bucket's warm-up.
@@ -89,16 +97,10 @@ class RunnerRuntime:
     kw_order: dict[str, None]
     #: True when the inputs are positional tensors only: a call's args are the leaves as they are.
     flat_args: bool
-    #: The ``output_batch_dim`` argument, broadcast against the outputs at capture.
-    output_batch_dim: Any
-    #: The runner's device: where inputs must be, and the ``device=`` of every Graph it makes.
-    device: torch.device
     #: The backend the router picked for ``device`` at construction.
     backend: Backend
     #: ``backend``'s description of the routed device (the shared pool is made for it).
     device_spec: DeviceSpec
-    #: ``compile=`` for every Graph (None or ``"inductor"``).
-    compile: str | None
     #: Replays per bucket compared with eager (1, 2, 4, ...; 0: none).
     verify: int
     #: Raise instead of falling back to eager.
@@ -111,30 +113,14 @@ class RunnerRuntime:
     progress: bool | None
     #: The shared pool handle; the one given, else created by capture.
     pool: object | None = None
-    #: ``compile_options=`` for every Graph, as given (checked at construction).
-    compile_options: Any = None
     #: The process group the ranks agree over (``process_group=``), or None in one process.
     group: GroupInfo | None = None
     #: Per-bucket user state (``state=`` factory), passed to ``fn`` as ``state=``.
     states: StateTable | None = None
-    #: How a bucket that is not serving runs its batches: ``"padded"`` (at the bucket's padded
-    #: shape, with the bucket's state) or ``"live"`` (at the batch's own size).
-    fallback: str = "padded"
-    #: ``"eager"``: ``capture()`` captures every bucket; ``"lazy"``: each bucket is captured on
-    #: its first call.
-    capture_mode: str = "eager"
-    #: Seconds lazy capture may spend in all (None: no limit); buckets not captured when it is
-    #: spent run as fallback.
-    capture_time_budget: float | None = None
     #: Buckets' outputs share one region, sized by the first bucket captured.
     share_outputs: bool = False
     #: The shared output region (the first captured bucket's static outputs, flattened).
     output_region: list[torch.Tensor] | None = None
-    #: The caller declared ``fn`` row-independent: verification skips the live-rows check
-    #: (:mod:`.rows`).
-    rows_independent: bool = False
-    #: Debug mode: warn when a call's outputs are still referenced at the next call.
-    debug: bool = False
     #: Weak references to the outputs returned by the last call (debug mode only).
     last_returned: list[Any] = field(default_factory=list)
     #: Calls at which outputs of the previous call were still referenced (debug mode).
@@ -181,14 +167,23 @@ class RunnerRuntime:
     #: Of ``capture_seconds``, seconds spent compiling (``compile="inductor"``).
     compile_seconds: float = 0.0
 
-    def __post_init__(self) -> None:
-        from ..foundation.compile_options import resolve_compile
+    # The settings, readable where the record documents them (``runtime.fn``, ...); fixed, so
+    # read-only. The runner's own modules read ``options`` directly.
+    fn = _option("fn")
+    ladder = _option("ladder")
+    output_batch_dim = _option("output_batch_dim")
+    device = _option("device")
+    compile = _option("compile")
+    compile_options = _option("compile_options")
+    fallback = _option("fallback")
+    capture_mode = _option("capture_mode")
+    capture_time_budget = _option("capture_time_budget")
+    rows_independent = _option("rows_independent")
+    debug = _option("debug")
 
-        # Bad compile=/compile_options fail here, not at the first (lazy) capture: the same
-        # resolution and messages as Graph(...).
-        resolve_compile(self.compile, self.compile_options)
-        self.max_bucket = self.ladder[-1]
-        self.buckets = [Bucket(b) for b in self.ladder]
+    def __post_init__(self) -> None:
+        self.max_bucket = self.options.ladder[-1]
+        self.buckets = [Bucket(b) for b in self.options.ladder]
         for s in self.inputs:  # views per live batch size, so a call slices nothing
             s.live = [s.view(n) for n in range(self.max_bucket + 1)]
         self.n_leaves = len(self.inputs)
@@ -203,14 +198,14 @@ class RunnerRuntime:
         self.route = [None] * (self.max_bucket + 1)
         self.graph_sizes = [0] * (self.max_bucket + 1)
         if self.states is None:
-            self.states = StateTable(None, self.device)
+            self.states = StateTable(None, self.options.device)
 
     def bucket(self, size: int) -> Bucket:
         """The record of bucket ``size``; ConfigError when it is not on the ladder."""
         for b in self.buckets:
             if b.size == size:
                 return b
-        raise ConfigError(f"{size} is not a bucket of this runner ({self.ladder})")
+        raise ConfigError(f"{size} is not a bucket of this runner ({self.options.ladder})")
 
     def bucket_args(self, size: int) -> tuple[tuple, dict]:
         """``(args, kwargs)`` for ``fn`` at bucket ``size``: views of the static inputs, plus

@@ -29,7 +29,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from ...errors import AccelGraphError, BackendUnavailable, CaptureError, ConfigError
+from ...errors import AccelGraphError, BackendUnavailable, CaptureError
+from ...foundation.compile_options import CompileOptions
 from .. import presence
 from ..base import (
     CAPTURE_ERROR_MODES,
@@ -430,16 +431,15 @@ class NativeGraphBackend(Backend):
         spec = self._specs[index] = DeviceSpec(self.name, device.type, index, self.device_arch(index))
         return spec
 
-    def new_graph(self, device: DeviceSpec, *, keep_graph: bool, **options: Any) -> GraphImpl:
-        compile_ = options.pop("compile", None)
-        options.pop("compile_options", None)  # only with compile=, which is ignored here (below)
-        if options:
-            raise ConfigError(f"unknown options for the {self.name} backend: {', '.join(options)}")
-        if compile_ is not None:
+    def new_graph(self, device: DeviceSpec, *, keep_graph: bool,
+                  compile: CompileOptions | None) -> GraphImpl:
+        if compile is not None:
+            # Native graphs are already launch-free: a compile request (and its compile_options)
+            # is ignored, never silently: warned at the line that built the Graph (base.py).
             warnings.warn(
-                f"compile={compile_!r} is ignored on the {self.name} backend: its graphs are "
+                f"compile='inductor' is ignored on the {self.name} backend: its graphs are "
                 f"already launch-free",
-                stacklevel=3,
+                stacklevel=4,
             )
         self.check_device_usable(device)
         return NativeGraphImpl(self, device, keep_graph=keep_graph)

@@ -25,13 +25,13 @@ from ..base import (
     GraphImpl,
     PoolHandle,
     PoolStats,
-    ReplayMode,
     next_user_pool_id,
 )
 from . import collective_check, collectives
 from .capture import Capture, InputRecord, Step, active_capture
 from .compiled import replay_choice
 from .compiled.choice import CompiledChoice
+from .compiled.policy import ReplayPolicy
 from .dump import describe, write_dump
 from .pool import make_pool
 from .pool_protocol import GraphPool, PoolEvent, PoolRef
@@ -55,11 +55,11 @@ class RecorderGraphImpl(CompiledChoice, GraphImpl):
     """One recorder graph: a capture, then a compiled straight-line replay program."""
 
     def __init__(self, backend: RecorderBackend, device: DeviceSpec, *, keep_graph: bool = False,
-                 compile: str | None = None, compile_options: CompileOptions | None = None) -> None:
+                 compile: CompileOptions | None = None) -> None:
         super().__init__(device, keep_graph=keep_graph)
         self._backend = backend
-        self._compile = compile
-        self._compile_options = compile_options or CompileOptions()
+        #: Decides which program replays (compiled/policy.py), from the resolved compile=.
+        self._policy = ReplayPolicy(compile)
         self._capture: Capture | None = None
         self._pool: GraphPool | None = None
         self._handle: PoolHandle | None = None
@@ -71,7 +71,7 @@ class RecorderGraphImpl(CompiledChoice, GraphImpl):
         self._outputs: list[PoolRef] = []
         self._compiled: dict[str, Any] | None = None
         #: Which program replays and why; a ReplayDecider while the first replays decide.
-        self._mode = replay_choice.not_instantiated(compile)
+        self._mode = self._policy.not_instantiated()
         self._decider: replay_choice.ReplayDecider | None = None
         self._frozen_steps: list[Step] = []
         self._memory = 0
@@ -199,7 +199,7 @@ class RecorderGraphImpl(CompiledChoice, GraphImpl):
     def instantiate(self) -> None:
         if self._replay_fn is not None:
             return
-        if self._compile == "inductor":
+        if self._policy.compiled_requested:
             self._replay_fn = self._choose_program()
         else:
             self._replay_fn = build_replay(self._steps, self._inputs)
@@ -222,14 +222,6 @@ class RecorderGraphImpl(CompiledChoice, GraphImpl):
 
         return first
 
-    def replay_mode(self) -> ReplayMode:
-        """Which program replays and why (``Graph.replay_mode()``)."""
-        decider = self._decider
-        if decider is not None:
-            return ReplayMode("undecided", f"timing both programs on the first real replays "
-                              f"({decider.remaining} left): {decider.why}")
-        return self._mode
-
     def replay(self) -> None:
         if torch._C._len_torch_dispatch_stack():
             # Replay is the captured program, never re-recorded by a mode the caller has open.
@@ -248,7 +240,7 @@ class RecorderGraphImpl(CompiledChoice, GraphImpl):
         self._compiled = None
         self._replay_fn = None
         self._decider = None
-        self._mode = replay_choice.not_instantiated(self._compile, reset=True)
+        self._mode = self._policy.not_instantiated(reset=True)
         if self._release is not None:
             self._release()  # after dropping the program, so its memory can go
             self._release = None
@@ -322,9 +314,9 @@ class RecorderBackend(Backend):
                 )
         return DeviceSpec("recorder", dev.type, None if dev.type == "cpu" else dev.index)
 
-    def new_graph(self, device: DeviceSpec, *, keep_graph: bool, **options: Any) -> GraphImpl:
-        return RecorderGraphImpl(self, device, keep_graph=keep_graph, compile=options.get("compile"),
-                                 compile_options=options.get("compile_options"))
+    def new_graph(self, device: DeviceSpec, *, keep_graph: bool,
+                  compile: CompileOptions | None) -> GraphImpl:
+        return RecorderGraphImpl(self, device, keep_graph=keep_graph, compile=compile)
 
     def graph_pool_handle(self, device: DeviceSpec) -> PoolHandle:
         handle = PoolHandle("recorder", device, next_user_pool_id())

@@ -3,11 +3,12 @@
 
 At instantiation the captured program is compiled (:func:`.segmented.compile_any`); any
 failure falls back to the interpreted program with the reason logged and kept in
-``compile_info()["fallback"]`` (issue 15). ``compile_options["replay"]`` then picks the
-compiled program, the interpreted one, or the faster of the two (:mod:`.replay_choice`). The
-compiled program's first run is checked (:mod:`.compiled_first_run`): a failure that shows only
-when the generated code first runs (at the timing run, on the first real replay, or in the
-decider's first round) falls back the same way.
+``compile_info()["fallback"]`` (issue 15). Which program then replays (compiled, interpreted,
+or the faster of the two, timed by :mod:`.replay_choice`) is decided by the graph's
+:class:`.policy.ReplayPolicy`; this module carries the decision out. The compiled program's
+first run is checked (:mod:`.first_run`): a failure that shows only when the generated code
+first runs (at the timing run, on the first real replay, or in the decider's first round) falls
+back the same way.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from .failures import compiler_hint, failure_reason, quiet_torch_errors
 from .first_run import FirstRun, undo_plan
 from .freezing import written_storages
 from .inductor import CompileUnsupported, compile_program
+from .policy import ReplayPolicy
 from .precision_casts import refusal as precision_refusal
 from .random_order import refusal as order_refusal
 from .segmented import compile_any
@@ -34,10 +36,11 @@ __all__ = ["CompiledChoice"]
 
 
 class CompiledChoice:
-    """The compile decision of a recorder graph. The host class provides the captured program
-    (``_steps``, ``_frozen_steps``, ``_inputs``, ``_outputs``, ``_pool``, ``_signature``), its
-    options (``_compile_options``, ``device``) and the state set here (``_compiled``,
-    ``_mode``, ``_decider``, ``_replay_fn``)."""
+    """The compiled replay of a recorder graph: compile, fall back, time, follow the graph's
+    :class:`.policy.ReplayPolicy` (``_policy``), which decides, and answer ``replay_mode()``.
+    The host class provides the captured program (``_steps``, ``_frozen_steps``, ``_inputs``,
+    ``_outputs``, ``_pool``, ``_signature``), ``device`` and the state set here
+    (``_compiled``, ``_mode``, ``_decider``, ``_replay_fn``)."""
 
     _steps: list
     _frozen_steps: list
@@ -45,7 +48,7 @@ class CompiledChoice:
     _outputs: list
     _pool: Any
     _signature: Any
-    _compile_options: Any
+    _policy: ReplayPolicy
     device: Any
     _compiled: dict[str, Any] | None
     _mode: ReplayMode
@@ -53,61 +56,61 @@ class CompiledChoice:
     _replay_fn: Any
 
     def _choose_program(self) -> Any:
-        """The program ``compile_options["replay"]`` picks (:mod:`.replay_choice`): compiled,
-        interpreted, the faster of the two measured now, or a decider timing both on the first
-        real replays. Sets ``self._mode``."""
-        opts = self._compile_options
-        if opts.replay == "interpreted":
-            self._compiled = {"backend": "inductor", "skipped": "compile_options replay='interpreted'"}
-            self._mode = ReplayMode("interpreted", "forced by compile_options={'replay': "
-                                    "'interpreted'} (nothing was compiled)")
+        """The program the policy picks: compiled, interpreted, the faster of the two measured
+        now, or a decider timing both on the first real replays. Sets ``self._mode``."""
+        policy = self._policy
+        skipped = policy.skip_compile()
+        if skipped is not None:
+            self._mode, self._compiled = skipped
             return build_replay(self._steps, self._inputs)
         compiled = self._compiled_or_none()
-        if compiled is None:
-            self._mode = ReplayMode("interpreted", f"compilation failed ({self._compiled['fallback']})")
-            return build_replay(self._steps, self._inputs)
-        if opts.replay == "compiled":
-            self._mode = ReplayMode("compiled", "forced by compile_options={'replay': 'compiled'}")
-            return compiled
-        if self._signature is not None:
-            self._mode = ReplayMode(
-                "compiled", "the graph runs collectives: every rank replays the compiled program, "
-                "untimed (ranks choosing differently would compute float-close, not equal, results)")
-            return compiled
+        assert self._compiled is not None
+        mode = policy.untimed(None if compiled is not None else self._compiled["fallback"],
+                              collectives=self._signature is not None)
+        if mode is not None:
+            self._mode = mode
+            return compiled if mode.mode == "compiled" else build_replay(self._steps, self._inputs)
         interpreted = build_replay(self._steps, self._inputs)
-        assert self._pool is not None and self._compiled is not None
-        why = replay_choice.instantiation_hazard(self._frozen_steps)
-        if why is None and (self._pool.graphs != 1 or self._pool.capturing):
-            why = "other graphs share its pool (an extra run could write memory they use)"
-        if why is not None:
-            why = f"an extra run at instantiation could be observed: {why}"
-        else:
+        assert self._pool is not None
+        why = policy.observable_at_instantiation(
+            replay_choice.instantiation_hazard(self._frozen_steps),
+            shares_pool=self._pool.graphs != 1 or self._pool.capturing)
+        if why is None:
             budget = replay_choice.timing_budget(float(self._compiled.get("compile_s", 0.0)))
             outputs = [self._pool.materialize(r) for r in self._outputs]
             try:
                 timed = replay_choice.time_programs(compiled, interpreted, replay_choice.run_as_replay,
                                                      outputs, budget)
             except Exception as exc:  # the real replay will raise it again; decide there
-                timed, why = None, f"a timing run at instantiation raised {type(exc).__name__}"
+                timed, why = None, policy.timing_raised(exc)
             if "fallback" in self._compiled:  # the compiled program failed at its first run
                 return self._replay_fn
             if timed is not None:
-                self._mode = replay_choice.verdict(*timed, "at instantiation")
+                self._mode = policy.timed(*timed, "at instantiation")
                 return compiled if self._mode.mode == "compiled" else interpreted
-            why = why or f"one run of each program takes over a share of the {budget:.2f} s timing budget"
+            why = why or policy.over_timing_budget(budget)
         decider = replay_choice.ReplayDecider(self, compiled, interpreted, why)
         self._decider = decider
         return decider
 
-    def settle_replay(self, decider: Any, winner: Any, mode: ReplayMode) -> None:
-        """Called by the :class:`.replay_choice.ReplayDecider` of this graph once it decided:
-        ``winner`` replays from now on (the decider of an earlier capture changes nothing)."""
+    def replay_mode(self) -> ReplayMode:
+        """Which program replays and why (``Graph.replay_mode()``)."""
+        decider = self._decider
+        if decider is not None:
+            return self._policy.deciding(decider.remaining, decider.why)
+        return self._mode
+
+    def settle_replay(self, decider: Any, compiled_s: float, interpreted_s: float,
+                      rounds: int) -> None:
+        """Called by the :class:`.replay_choice.ReplayDecider` of this graph once it timed both
+        programs: the policy's verdict replays from now on (the decider of an earlier capture
+        changes nothing)."""
         if decider is not self._decider:
             return
         self._decider = None
-        self._mode = mode
+        self._mode = self._policy.timed(compiled_s, interpreted_s, rounds, "on the first real replays")
         if self._replay_fn is decider:
-            self._replay_fn = winner
+            self._replay_fn = decider.program(self._mode.mode)
 
     def _compiled_or_none(self) -> Any:
         """The compiled replay function, or None with the reason logged and kept in
@@ -158,7 +161,7 @@ class CompiledChoice:
         log.warning("compile='inductor': the compiled program failed at its first run on %s "
                     "(%s); using interpreted replay.", self.device, reason)
         self._compiled = {**(self._compiled or {}), "fallback": reason, "failed_at": "first run"}
-        self._mode = ReplayMode("interpreted", f"the compiled program failed at its first run ({reason})")
+        self._mode = self._policy.first_run_failed(reason)
         self._decider = None
         self._replay_fn = build_replay(self._steps, self._inputs)
         return self._replay_fn
@@ -167,7 +170,7 @@ class CompiledChoice:
         """``compile_program`` with this graph's ``compile_options``: with ``freeze``, told what
         the whole program writes (a stretch of a segmented program must not freeze what another
         stretch writes); with ``cpp_wrapper``, told so."""
-        opts = self._compile_options
+        opts = self._policy.options
         kwargs: dict[str, Any] = {}
         if opts.freeze:
             kwargs["written"] = written_storages(self._frozen_steps)

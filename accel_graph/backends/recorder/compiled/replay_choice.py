@@ -1,5 +1,6 @@
-"""``compile_options={"replay": "auto"}``: keep whichever of the compiled and the interpreted
-program replays a graph faster, without changing anything the user can observe.
+"""``compile_options={"replay": "auto"}``: time the compiled and the interpreted program of a
+graph, without changing anything the user can observe (the mechanism; which program replays is
+decided by :class:`.policy.ReplayPolicy` from what is measured here).
 
 Both programs have the same semantics (compiled results are float-close to interpreted ones,
 not bitwise equal: Inductor fuses and reorders arithmetic), but a replay is not free of effects:
@@ -35,7 +36,6 @@ from typing import Any
 import torch
 from torch._ops import OpOverload
 
-from ...base import ReplayMode
 from .. import rng
 from ..capture import Step
 from ..pool_protocol import PoolRef, storage_bytes
@@ -59,16 +59,6 @@ REPLAY_ROUNDS = 5
 # of such an op is observable even when it writes no tensor. Read once, feature-detected.
 _SIDE_EFFECTS: frozenset[Any] = frozenset(getattr(torch.fx.node, "_side_effectful_functions", ()))
 _PURE_NAMESPACES = ("aten", "prims")
-
-
-def not_instantiated(compile: str | None, reset: bool = False) -> ReplayMode:
-    """The mode of a graph not instantiated yet (``reset``: emptied by ``reset()``)."""
-    if compile is None:
-        return ReplayMode("interpreted", "compile=None: the recorded program replays as captured")
-    if reset:
-        return ReplayMode("undecided", "reset: nothing captured; the program is chosen when a "
-                          "new capture is instantiated")
-    return ReplayMode("undecided", "not instantiated yet: the program is chosen at instantiation")
 
 
 def run_as_replay(fn: Callable[[], None]) -> None:
@@ -217,22 +207,13 @@ def time_programs(compiled: Callable[[], None], interpreted: Callable[[], None],
             t.copy_(s)
 
 
-def verdict(compiled_s: float, interpreted_s: float, rounds: int, where: str) -> ReplayMode:
-    """The mode timing chose: compiled unless interpreted was faster (ties keep compiled)."""
-    mode = "compiled" if compiled_s <= interpreted_s else "interpreted"
-    return ReplayMode(
-        mode,
-        f"{mode} replay measured faster: median {compiled_s * 1e3:.3f} ms compiled, "
-        f"{interpreted_s * 1e3:.3f} ms interpreted ({rounds} interleaved run(s) each, {where})",
-        compiled_s, interpreted_s, rounds,
-        "instantiate" if where == "at instantiation" else "replay")
-
-
 class ReplayDecider:
     """The replay function while the first real replays decide (module docstring): replay
     ``2 * (1 + rounds)`` runs the two programs in turn, the first of each untimed; after the
-    last, ``owner.settle_replay(self, winner, mode)`` is called once. ``owner`` (the graph) is
-    held weakly, so a graph never decided on is freed by reference counting."""
+    last, ``owner.settle_replay(self, compiled_s, interpreted_s, rounds)`` is called once with
+    the medians (the owner's :class:`.policy.ReplayPolicy` turns them into the mode, and
+    :meth:`program` gives the winner). ``owner`` (the graph) is held weakly, so a graph never
+    decided on is freed by reference counting."""
 
     __slots__ = ("_programs", "_times", "_n", "_total", "_owner", "why")
 
@@ -245,6 +226,10 @@ class ReplayDecider:
         self._owner = weakref.ref(owner)
         #: Why the decision is made on real replays (kept in the mode's reason).
         self.why = why
+
+    def program(self, mode: str) -> Callable[[], None]:
+        """The program of ``mode`` (``"compiled"`` or ``"interpreted"``)."""
+        return self._programs[0 if mode == "compiled" else 1]
 
     @property
     def remaining(self) -> int:
@@ -261,7 +246,6 @@ class ReplayDecider:
         self._n += 1
         if self._n == self._total:
             c, i = statistics.median(self._times[0]), statistics.median(self._times[1])
-            mode = verdict(c, i, len(self._times[0]), "on the first real replays")
             owner = self._owner()
             if owner is not None:
-                owner.settle_replay(self, self._programs[0 if mode.mode == "compiled" else 1], mode)
+                owner.settle_replay(self, c, i, len(self._times[0]))
