@@ -113,7 +113,7 @@ def _eager_rule(dense: Any, mode: TorchDispatchMode, *args: Any, **kwargs: Any) 
     finally:
         # Eager torch.cond caches a TorchDynamo skip on its wrapper after running under a mode
         # (pytorch#163013); undo it, as the recorder does.
-        from ..backends.recorder.control_flow import undo_dynamo_skip
+        from ..backends.capture_common.control_flow import undo_dynamo_skip
 
         undo_dynamo_skip()
 

@@ -28,15 +28,19 @@ from typing import Any
 import torch
 from torch._ops import OpOverload
 
+from ..capture_common import hostreads
+from ..capture_common.dispatch_stack import mode_stack, remove_mode
+from ..capture_common.frames import user_frame
+from ..capture_common.poison import poison
+from ..capture_common.pytree import first_tensor, tree_flatten, tree_map
 from . import collectives as coll
-from . import hostflags, hostreads, rng
+from . import hostflags, rng
 from . import ops as opinfo
 from .control_flow import register_rules
-from .modes import RecordingMode, ThreadExitGuard, mode_stack, remove_mode
-from .plan import COLLECTIVE, FUNCTIONAL, MUTATE, VIEW, Plan, plan_for, user_frame
+from .modes import RecordingMode, ThreadExitGuard
+from .plan import COLLECTIVE, FUNCTIONAL, MUTATE, VIEW, Plan, plan_for
 from .pool_protocol import GraphPool, PoolEvent, PoolRef
-from .pytree import first_tensor, tree_flatten, tree_map
-from .values import poison, prewrapped
+from .values import prewrapped
 
 _tls = threading.local()
 _LIFT_FRESH = torch.ops.aten.lift_fresh.default
@@ -157,7 +161,7 @@ class Capture:
                                    rng.weak_method(self, "_refused"), generators)
         #: The process-wide compute settings the last recorded op ran under (hostflags).
         self.flags = hostflags.snapshot()
-        #: The host-read check of the capturing thread (:mod:`.hostreads`), while it holds one.
+        #: The host-read check of the capturing thread (:mod:`~accel_graph.backends.capture_common.hostreads`), while it holds one.
         self._reads: object | None = None
 
     # -- lifecycle ----------------------------------------------------------------------

@@ -45,17 +45,13 @@ import torch
 from torch._ops import HigherOrderOperator
 
 from ...errors import CaptureError
-from ..control_flow_checks import same_meta
-from .pytree import tree_flatten, tree_map
+from ..capture_common.control_flow import SUPPORTED, same_meta, undo_dynamo_skip
+from ..capture_common.pytree import tree_flatten, tree_map
 
 if TYPE_CHECKING:
     from .capture import Capture
 
-__all__ = ["SUPPORTED", "record_higher_order", "register_rules", "undo_dynamo_skip"]
-
-#: Higher-order operators the recorder captures, by ``HigherOrderOperator.name()`` (``switch``
-#: only where this torch has it: :func:`register_rules` skips operators torch lacks).
-SUPPORTED = ("cond", "while_loop", "switch")
+__all__ = ["record_higher_order", "register_rules"]
 
 _FIX = ("Inside a capture the recorder supports torch.cond, torch.while_loop and torch.switch; "
         "run this operator outside the captured region")
@@ -93,40 +89,6 @@ def _rule(op: HigherOrderOperator, mode: Any, *args: Any, **kwargs: Any) -> Any:
             raise
     finally:
         undo_dynamo_skip()
-
-
-#: The wrappers eager torch.cond / torch.while_loop hand to torch.compile, by module and
-#: enclosing function.
-_EAGER_WRAPPERS = (("torch._higher_order_ops.cond", "cond", "_cond_op_wrapper"),
-                   ("torch._higher_order_ops.while_loop", "while_loop", "_while_loop_op_wrapper"),
-                   ("torch._higher_order_ops.switch", "switch", "run_switch"))
-
-
-def undo_dynamo_skip() -> None:
-    """Let eager ``torch.cond``/``torch.while_loop`` compile again after one ran under a mode.
-
-    Eager torch.cond runs its operator inside ``torch.compile``; under a user dispatch mode
-    TorchDynamo skips that frame (pytorch#163013) and caches the skip on the wrapper's code
-    object, after which every eager torch.cond of the process fails with ``Unsupported``. This
-    resets the wrappers' code to the default strategy. Feature-detected: does nothing where the
-    torch build lacks these internals.
-    """
-    import sys
-    import types
-
-    dynamo = sys.modules.get("torch._dynamo.eval_frame")
-    dtypes = sys.modules.get("torch._dynamo.types")
-    if dynamo is None or dtypes is None:
-        return
-    try:
-        default = dtypes.FrameExecStrategy(dtypes.FrameAction.DEFAULT, dtypes.FrameAction.DEFAULT)
-        for module, func, wrapper in _EAGER_WRAPPERS:
-            fn = getattr(sys.modules.get(module), func, None)
-            for const in getattr(getattr(fn, "__code__", None), "co_consts", ()):
-                if isinstance(const, types.CodeType) and const.co_name == wrapper:
-                    dynamo.set_code_exec_strategy(const, default)
-    except (AttributeError, TypeError):  # pragma: no cover - other torch internals
-        return
 
 
 def record_higher_order(cap: Capture, func: HigherOrderOperator, args: tuple, kwargs: dict) -> Any:

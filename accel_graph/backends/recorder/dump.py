@@ -11,10 +11,10 @@ from typing import Any
 
 import torch
 
+from ..capture_common.pytree import tree_flatten
 from .capture import InputRecord, Step
 from .pool_protocol import ADDRESS, PoolRef
 from .program import allocates_at_replay
-from .pytree import tree_flatten
 
 SCHEMA_VERSION = 1
 

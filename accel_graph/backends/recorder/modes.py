@@ -1,7 +1,6 @@
-"""The recorder's dispatch mode and the calling thread's torch dispatch-mode stack: the mode
-that routes a capturing thread's ops to its capture, reading the stack and taking one mode off
-it wherever it sits (a recording mode whose capture is over, below modes the user left open),
-and the guard that takes the mode off a thread that exits with its capture open."""
+"""The recorder's dispatch mode: the mode that routes a capturing thread's ops to its capture,
+and the guard that takes the mode off a thread that exits with its capture open (reading the
+stack and taking a mode off it wherever it sits: :mod:`~accel_graph.backends.capture_common.dispatch_stack`)."""
 
 from __future__ import annotations
 
@@ -13,37 +12,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ...errors import CaptureError
+from ..capture_common.dispatch_stack import remove_mode
 
-__all__ = ["RecordingMode", "ThreadExitGuard", "mode_stack", "remove_mode"]
-
-
-def mode_stack() -> list[Any]:
-    """The calling thread's torch dispatch modes, bottom first."""
-    n = torch._C._len_torch_dispatch_stack()
-    return [torch._C._get_dispatch_stack_at(i) for i in range(n)]
-
-
-def remove_mode(mode: TorchDispatchMode) -> None:
-    """Take ``mode`` off this thread's dispatch stack wherever it is. On top (the usual case)
-    it is exited properly; below modes the user left open, those are lifted off and put back."""
-    stack = mode_stack()
-    if mode not in stack:
-        return
-    if stack[-1] is mode:
-        try:
-            mode.__exit__(None, None, None)
-            return
-        except Exception:  # flags of the mode disturbed by user code: pop it plainly below
-            if torch._C._len_torch_dispatch_stack() < len(stack):
-                return  # __exit__ popped it before failing
-    above = []
-    while torch._C._len_torch_dispatch_stack():
-        top = torch._C._pop_torch_dispatch_stack(None)
-        if top is mode:
-            break
-        above.append(top)
-    for m in reversed(above):
-        torch._C._push_on_torch_dispatch_stack(m)
+__all__ = ["RecordingMode", "ThreadExitGuard"]
 
 
 class ThreadExitGuard:

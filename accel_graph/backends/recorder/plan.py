@@ -12,8 +12,6 @@ error always names the line that called it.
 
 from __future__ import annotations
 
-import os
-import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,31 +19,19 @@ import torch
 from torch._ops import OpOverload
 
 from ...errors import CaptureError
+from ..capture_common import collective_rules, illegal_ops
+from ..capture_common.frames import user_frame
+from ..capture_common.pytree import first_tensor, tree_flatten, tree_map
 from . import collectives, validate
 from . import ops as opinfo
-from .pytree import first_tensor, tree_flatten, tree_map
 
 _LIFT_FRESH = torch.ops.aten.lift_fresh.default
-_PKG_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
 _Tensor = torch.Tensor
 _LIST_TYPES = (list, tuple)
 _T = "T"
 
 #: Bound of the process-wide caches (output metadata, plans); a full cache starts afresh.
 _CACHE_MAX = 1 << 16
-
-
-def user_frame() -> str:
-    """``file:line in function`` of the innermost caller outside torch and accel_graph: the
-    user's line that an error about an op should name."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        fname = os.path.abspath(frame.f_code.co_filename)
-        if not (fname.startswith(_TORCH_DIR) or fname.startswith(_PKG_DIR)) or "/tests/" in fname:
-            return f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
-        frame = frame.f_back
-    return "<unknown>"
 
 
 # -- the op key ------------------------------------------------------------------------------
@@ -198,7 +184,7 @@ def plan_for(func: OpOverload, args: tuple, kwargs: dict) -> Plan | None:
         key, plan = None, None
     if plan is not None:
         return plan
-    if collectives.is_collective(func):
+    if collective_rules.is_collective(func):
         plan = _plan_collective(func, args, kwargs, key)
         # Only functional collectives are cached: the c10d ops' arguments include script
         # objects made afresh on every call (the reduce op), which would never hit and would
@@ -208,7 +194,7 @@ def plan_for(func: OpOverload, args: tuple, kwargs: dict) -> Plan | None:
                 _PLANS.clear()
             _PLANS[key] = plan
         return plan
-    reason = opinfo.illegal_reason(func, args, kwargs)
+    reason = illegal_ops.illegal_reason(func, args, kwargs)
     if reason is not None:
         raise CaptureError(
             f"{func} is not allowed during graph capture (called at {user_frame()}): {reason}."
@@ -216,11 +202,11 @@ def plan_for(func: OpOverload, args: tuple, kwargs: dict) -> Plan | None:
     if func is _LIFT_FRESH:
         return None
     tags = func.tags
-    if torch.Tag.inplace_view in tags or opinfo.is_observer(func):
+    if torch.Tag.inplace_view in tags or illegal_ops.is_observer(func):
         plan = Plan(RUN)
     elif func._schema.is_mutable:
         plan = _plan_mutation(func, args, kwargs, key)
-    elif opinfo.returns_host_value(func):
+    elif illegal_ops.returns_host_value(func):
         plan = Plan(RUN)
     else:
         plan = _plan_functional(func, args, kwargs, key)
@@ -297,7 +283,7 @@ def _plan_functional(func: OpOverload, args: tuple, kwargs: dict, key: Any,
 
 def _plan_collective(func: OpOverload, args: tuple, kwargs: dict, key: Any) -> Plan:
     """A collective: refused by name, or planned by its role (see :mod:`.collectives`)."""
-    reason = collectives.refusal(func)
+    reason = collective_rules.refusal(func)
     if reason is not None:
         raise CaptureError(
             f"{func} is not allowed during graph capture (called at {user_frame()}): {reason}."

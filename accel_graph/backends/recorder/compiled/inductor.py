@@ -38,10 +38,10 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from ...capture_common.pytree import tree_map
 from .. import collectives
 from ..capture import InputRecord, Step
 from ..pool_protocol import GraphPool, PoolRef, refs_overlap
-from ..pytree import tree_map
 from . import settings as compile_settings
 from .cache import static_kwargs, static_tracing, watch_fx_graph_cache
 from .freezing import FrozenConstants
