@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import threading
 import weakref
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -40,6 +39,7 @@ from .control_flow import register_rules
 from .modes import RecordingMode, ThreadExitGuard
 from .plan import COLLECTIVE, FUNCTIONAL, MUTATE, VIEW, Plan, plan_for
 from .pool_protocol import GraphPool, PoolEvent, PoolRef
+from .steps import InputRecord, Step
 from .values import prewrapped
 
 _tls = threading.local()
@@ -73,42 +73,6 @@ def set_active_capture(capture: Capture | None) -> None:
     """Make ``capture`` the one underway on this thread (None: no capture). The caller enters
     or leaves ``capture.mode`` itself."""
     _tls.capture = capture
-
-
-@dataclass
-class Step:
-    """One recorded operation.
-
-    Arguments keep inputs (tensors that existed before capture) by reference and pool tensors
-    as :class:`~.pool_protocol.PoolRef` locations, so capture holds no pool memory alive. ``kind`` is
-    ``"mutate"`` (in-place / out= as called), ``"host"`` (a Python call at replay, ``func`` a
-    :class:`~.rng.HostCall` and ``extra`` its function: generator state) or a functional
-    :class:`~accel_graph.backends.recorder.ops.Strategy` kind; ``outputs`` are the locations a
-    functional op writes.
-    """
-
-    func: OpOverload | rng.HostCall
-    kind: str
-    args: tuple
-    kwargs: dict
-    outputs: tuple = ()
-    strategy: opinfo.Strategy | None = None
-    extra: Any = None
-    #: Index of each output among the op's flattened results (for rebuilding it as FX).
-    positions: tuple[int, ...] = ()
-    #: Replay runs this step with grad mode on (its kernel's outputs depend on it).
-    grad: bool = False
-
-
-@dataclass
-class InputRecord:
-    """A tensor that existed before capture, with what replay checks to detect staleness."""
-
-    tensor: torch.Tensor
-    data_ptr: int
-    shape: torch.Size
-    stride: tuple[int, ...]
-    name: str = ""
 
 
 class Capture:

@@ -12,9 +12,9 @@ from typing import Any
 import torch
 
 from ..capture_common.pytree import tree_flatten
-from .capture import InputRecord, Step
 from .pool_protocol import ADDRESS, PoolRef
 from .program import allocates_at_replay
+from .steps import InputRecord, Step
 
 SCHEMA_VERSION = 1
 

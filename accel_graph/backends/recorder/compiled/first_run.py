@@ -30,9 +30,9 @@ import torch
 
 from ....errors import ReplayError
 from ...capture_common.pytree import tree_flatten
-from ..capture import Step
 from ..pool_protocol import GraphPool, PoolRef
 from ..program import CONTROL_KINDS
+from ..steps import Step
 from .replay_choice import Extents, written_args
 
 __all__ = ["FirstRun", "UndoPlan", "undo_plan"]

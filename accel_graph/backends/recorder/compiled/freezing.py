@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from ...capture_common.pytree import tree_flatten
-from ..capture import Step
+from ..steps import Step
 
 __all__ = ["FrozenConstants", "written_storages"]
 

@@ -40,8 +40,8 @@ import torch.fx as fx
 
 from ...capture_common.pytree import tree_map
 from .. import collectives
-from ..capture import InputRecord, Step
 from ..pool_protocol import GraphPool, PoolRef, refs_overlap
+from ..steps import InputRecord, Step
 from . import settings as compile_settings
 from .cache import static_kwargs, static_tracing, watch_fx_graph_cache
 from .freezing import FrozenConstants
