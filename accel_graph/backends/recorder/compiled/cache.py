@@ -2,7 +2,7 @@
 
 Compiled replay keeps two caches (docs/recorder.md, "Handle lifetime and the compile cache"):
 
-- the process-wide module cache of :mod:`.compiled` (``program_key``): an identical program
+- the process-wide module cache of :mod:`.inductor` (:mod:`.program_key`): an identical program
   captured again in the same process compiles nothing;
 - Inductor's FX graph cache, on disk (``TORCHINDUCTOR_CACHE_DIR``): a program Inductor compiled
   before, in this process or another, loads its generated code instead of generating it again.
