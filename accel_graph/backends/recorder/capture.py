@@ -8,14 +8,14 @@ that existed before capture are inputs by reference. Operations that real device
 forbids raise :class:`~accel_graph.errors.CaptureError` at the op (when planning).
 
 The mode is thread-local (``TorchDispatchMode``), so a capture records only its own thread;
-:func:`active_capture` is the capture underway on the calling thread.
+:func:`~.threads.active_capture` is the capture underway on the calling thread.
 
 A capture that is over never records again: an illegal op invalidates it at the op (as on
 CUDA), and a capture ended from elsewhere (its ``Graph`` collected by another thread) is
 marked over. torch pushes a mode back onto the stack after its handler returns or raises, so
 the handler cannot pop itself: a mode whose capture is over passes every op through eagerly
 (real values, exactly as with no mode) until the next recorder call on its thread
-(:func:`active_capture`, capture begin, end or reset) takes it off the stack.
+(:func:`~.threads.active_capture`, capture begin, end or reset) takes it off the stack.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import torch
 from torch._ops import OpOverload
 
 from ..capture_common import hostreads
-from ..capture_common.dispatch_stack import mode_stack, remove_mode
+from ..capture_common.dispatch_stack import remove_mode
 from ..capture_common.frames import user_frame
 from ..capture_common.poison import poison
 from ..capture_common.pytree import first_tensor, tree_flatten, tree_map
@@ -36,43 +36,19 @@ from . import collectives as coll
 from . import hostflags, rng
 from . import ops as opinfo
 from .control_flow import register_rules
-from .modes import RecordingMode, ThreadExitGuard
+from .modes import RecordingMode
 from .plan import COLLECTIVE, FUNCTIONAL, MUTATE, VIEW, Plan, plan_for
 from .pool_protocol import GraphPool, PoolEvent, PoolRef
 from .steps import InputRecord, Step
+from .threads import active_capture as active_capture  # read from here by backend.py
+from .threads import clear_active_capture, drop_exit_guard, hold_exit_guard, set_active_capture
 from .values import prewrapped
 
-_tls = threading.local()
 _LIFT_FRESH = torch.ops.aten.lift_fresh.default
 #: The operator a control-flow step stands for (for dumps and error messages).
 _CONTROL_OPS: dict[str, Any] = {"cond": torch.ops.higher_order.cond,
                                 "while": torch.ops.higher_order.while_loop}
 _Tensor = torch.Tensor
-
-
-def active_capture() -> Capture | None:
-    """The capture underway on this thread, if any. Recording modes left on this thread's
-    dispatch stack by captures that are over are taken off it first."""
-    cap = getattr(_tls, "capture", None)
-    if cap is not None and cap.over is not None:
-        _tls.capture = cap = None
-    if torch._C._len_torch_dispatch_stack():
-        discard_finished_modes()
-    return cap
-
-
-def discard_finished_modes() -> None:
-    """Take every recording mode whose capture is over off this thread's dispatch stack
-    (modes above it keep their order). Such modes only pass ops through; this makes them go."""
-    stale = [m for m in mode_stack() if isinstance(m, RecordingMode) and m.finished]
-    for mode in stale:
-        remove_mode(mode)
-
-
-def set_active_capture(capture: Capture | None) -> None:
-    """Make ``capture`` the one underway on this thread (None: no capture). The caller enters
-    or leaves ``capture.mode`` itself."""
-    _tls.capture = capture
 
 
 class Capture:
@@ -138,7 +114,7 @@ class Capture:
         self.thread = threading.current_thread()
         set_active_capture(self)
         self.mode.__enter__()
-        _tls.exit_guard = ThreadExitGuard(self)
+        hold_exit_guard(self)
         self.rng.begin()
         hostreads.acquire()
         ref = weakref.ref(self)
@@ -173,11 +149,8 @@ class Capture:
         self.rng.end()
         self._release_reads()
         if self.thread is threading.current_thread():
-            if getattr(_tls, "capture", None) is self:
-                _tls.capture = None
-            guard = getattr(_tls, "exit_guard", None)
-            if guard is not None and guard.capture() is self:
-                _tls.exit_guard = None
+            clear_active_capture(self)
+            drop_exit_guard(self)
             remove_mode(self.mode)
 
     def invalidate(self, func: OpOverload | str, exc: BaseException) -> None:
@@ -191,8 +164,7 @@ class Capture:
         self.over = f"invalidated by {self.invalidated_by}"
         self.rng.end()
         self._release_reads()
-        if getattr(_tls, "capture", None) is self:
-            _tls.capture = None
+        clear_active_capture(self)
         self.release_pool()
 
     def sync_flags(self) -> None:
