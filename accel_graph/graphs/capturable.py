@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from torch._ops import HigherOrderOperator
 from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from ..backends.capture_common import hostreads
 from ..backends.capture_common.control_flow import SUPPORTED, undo_dynamo_skip
@@ -207,31 +207,23 @@ class _DispatchFlagger(TorchDispatchMode):
                 f"switch index {k} is out of range for {len(branches)} branches: the operator "
                 f"raises in eager and replay raises ReplayError; call torch's switch(), which "
                 f"clamps the index"), user_frame()))
-            from torch.utils._python_dispatch import _disable_current_modes
-
             with _disable_current_modes():
                 return func(*args, **kwargs)
         self.report.findings.append(Finding(
             name, f"higher-order operator {name} is not supported during graph capture (the "
             f"recorder captures {', '.join(SUPPORTED)})", user_frame()))
-        from torch.utils._python_dispatch import _disable_current_modes
-
         with _disable_current_modes():
             return func(*args, **kwargs)
 
 
 def _host_int(index: Any) -> int:
     """A switch index's value, read with every dispatch mode off (capture reads it at replay)."""
-    from torch.utils._python_dispatch import _disable_current_modes
-
     with _disable_current_modes():
         return int(index.item()) if isinstance(index, torch.Tensor) else int(index)
 
 
 def _host_bool(pred: Any) -> bool:
     """A predicate's value, read with every dispatch mode off (capture reads it at replay)."""
-    from torch.utils._python_dispatch import _disable_current_modes
-
     with _disable_current_modes():
         return bool(pred)
 

@@ -17,15 +17,12 @@ import gc
 import threading
 import weakref
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from ...errors import CaptureError
-from ..base import DeviceSpec
-
-if TYPE_CHECKING:
-    from ..base import GraphImpl
+from ..base import DeviceSpec, GraphImpl
 
 __all__ = ["NativeCaptureContext"]
 

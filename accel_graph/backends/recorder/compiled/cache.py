@@ -41,6 +41,10 @@ from typing import Any
 
 __all__ = ["REUSE_KINDS", "merge_reuse", "static_kwargs", "static_tracing", "watch_fx_graph_cache"]
 
+# torch._inductor, torch._dynamo and torch._subclasses are imported inside the functions below,
+# on first use: importing them takes seconds, and most processes never compile. Each is
+# feature-detected there (torch 2.11 to 2.14 differ).
+
 #: ``compile_info()["reuse"]`` values: the process-wide module cache, Inductor's FX graph cache
 #: (code generated earlier, in this process or another, loaded from disk), or a fresh compile.
 REUSE_KINDS = ("in-process", "fx-graph-cache", "compiled")
