@@ -19,6 +19,9 @@ whether a test imports it or not:
   names every module (its path under ``accel_graph/``, or a tail of the path that no other
   module shares), and every ``.py`` path it names exists. A package's ``__init__.py`` needs a
   row only when it defines a function or class.
+- **The recorder is reached only through the registry.** No module outside
+  ``accel_graph.backends.recorder`` imports from it (what the recorder shares with the native
+  backends, ``graphs`` and ``runner`` lives in ``accel_graph.backends.capture_common``).
 """
 
 from __future__ import annotations
@@ -332,6 +335,31 @@ def test_modules_stay_small(name):
     )
 
 
+RECORDER = "accel_graph.backends.recorder"
+#: Modules outside the recorder that may import it: the registry that creates the recorder
+#: backend (today it names it by string, "accel_graph.backends.recorder:RecorderBackend").
+RECORDER_IMPORTERS_ALLOWED: frozenset[str] = frozenset({"accel_graph.backends"})
+
+
+def _reaches_into(package: str, allowed: frozenset[str]) -> list[str]:
+    """Imports of ``package`` (or anything under it) by modules outside it, except ``allowed``."""
+    bad = []
+    for mod in MODULES.values():
+        if mod.name == package or mod.name.startswith(package + ".") or mod.name in allowed:
+            continue
+        for target, _names, line, _eager in mod.imports:
+            resolved = _resolve(target)
+            if resolved is not None and (resolved == package or resolved.startswith(package + ".")):
+                bad.append(f"{mod.path.relative_to(ROOT.parent)}:{line} imports {resolved}")
+    return bad
+
+
+def test_nothing_outside_the_recorder_imports_it():
+    bad = _reaches_into(RECORDER, RECORDER_IMPORTERS_ALLOWED)
+    assert not bad, ("modules reaching into the recorder (move what they share to "
+                     "accel_graph/backends/capture_common/):\n" + "\n".join(bad))
+
+
 def test_the_rules_catch_what_they_claim(tmp_path):
     """The checks themselves can fail: a made-up cycle and an upward import are found."""
     assert _cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
@@ -344,3 +372,6 @@ def test_the_rules_catch_what_they_claim(tmp_path):
         [], ["gone.py", "x.py"])
     doc = "## Where each behaviour lives\n| a | `b/y.py`, `z.py` |\n## Recipes\n`a/x.py`"
     assert table_paths(doc) == {"b/y.py", "z.py"}
+    # the recorder's own modules import each other; the boundary check sees the others' imports
+    assert _reaches_into(RECORDER, frozenset()) == _reaches_into(RECORDER, RECORDER_IMPORTERS_ALLOWED)
+    assert _reaches_into("accel_graph.backends.capture_common", frozenset())

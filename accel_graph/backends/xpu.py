@@ -25,7 +25,8 @@ import torch
 from ..errors import BackendUnavailable
 from .base import Capabilities
 from .device_facts import NOT_CHECKED_XPU, fact, safe
-from .native.backend import NativeGraphBackend, begin_params
+from .native.backend import NativeGraphBackend
+from .native.torch_graphs import begin_params
 
 __all__ = ["XpuBackend", "accelerator_graph_class"]
 

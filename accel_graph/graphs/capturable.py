@@ -5,12 +5,12 @@ runs the function *eagerly on real data* under two flagging modes and reports ev
 capture would refuse, each with the Python source line that issued it:
 
 - at the dispatcher (:class:`~torch.utils._python_dispatch.TorchDispatchMode`): the recorder's
-  own rules (:func:`accel_graph.backends.recorder.ops.illegal_reason`: host syncs,
+  own rules (:func:`accel_graph.backends.capture_common.illegal_ops.illegal_reason`: host syncs,
   data-dependent shapes, boolean-mask indexing, ...), and, with a GPU ``target`` whose tensors
   are present, ops that mix host (CPU, non-0-dim) tensors with device tensors;
 - at the Python API (:class:`~torch.overrides.TorchFunctionMode`), for what the dispatcher
   never sees: host reads (``.tolist()``, ``.numpy()``, ``numpy.asarray``, ``repr``/``print``,
-  f-strings, pickling: the reads :mod:`accel_graph.backends.recorder.hostreads` refuses in a
+  f-strings, pickling: the reads :mod:`accel_graph.backends.capture_common.hostreads` refuses in a
   capture), and, with a GPU ``target``,
   ``.cpu()`` / ``.to("cpu")`` (device-to-host copies, a sync) and factory calls without
   ``device=`` (they make host tensors on a GPU box);
@@ -18,9 +18,10 @@ capture would refuse, each with the Python source line that issued it:
   capture them into that target's native graphs in any build (``while_loop`` on CUDA before
   torch's while-node capture, both on XPU); the recorder captures them everywhere.
 
-Nothing is captured and no pool is touched; the function runs as it would eagerly. Importing
-this module loads the recorder backend (its rules); ``import accel_graph`` does not, because
-the package face imports this module only when ``check_capturable`` is first used.
+Nothing is captured and no pool is touched; the function runs as it would eagerly. The rules
+are the recorder's, stated in ``backends/capture_common/`` (importing this module loads them, not
+the recorder backend); ``import accel_graph`` loads neither, because the package face imports
+this module only when ``check_capturable`` is first used.
 """
 
 from __future__ import annotations
@@ -33,14 +34,14 @@ from typing import Any
 import torch
 from torch._ops import HigherOrderOperator
 from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
+from ..backends.capture_common import hostreads
+from ..backends.capture_common.control_flow import SUPPORTED, undo_dynamo_skip
+from ..backends.capture_common.frames import user_frame
+from ..backends.capture_common.illegal_ops import illegal_reason
+from ..backends.capture_common.pytree import tree_flatten
 from ..backends.native.control_flow_support import python_level_refusal
-from ..backends.recorder import hostreads
-from ..backends.recorder.control_flow import SUPPORTED, undo_dynamo_skip
-from ..backends.recorder.ops import illegal_reason
-from ..backends.recorder.plan import user_frame
-from ..backends.recorder.pytree import tree_flatten
 from ..errors import ConfigError
 from .baked_values import BakedValue, OpLog, find_baked_values
 
@@ -206,31 +207,23 @@ class _DispatchFlagger(TorchDispatchMode):
                 f"switch index {k} is out of range for {len(branches)} branches: the operator "
                 f"raises in eager and replay raises ReplayError; call torch's switch(), which "
                 f"clamps the index"), user_frame()))
-            from torch.utils._python_dispatch import _disable_current_modes
-
             with _disable_current_modes():
                 return func(*args, **kwargs)
         self.report.findings.append(Finding(
             name, f"higher-order operator {name} is not supported during graph capture (the "
             f"recorder captures {', '.join(SUPPORTED)})", user_frame()))
-        from torch.utils._python_dispatch import _disable_current_modes
-
         with _disable_current_modes():
             return func(*args, **kwargs)
 
 
 def _host_int(index: Any) -> int:
     """A switch index's value, read with every dispatch mode off (capture reads it at replay)."""
-    from torch.utils._python_dispatch import _disable_current_modes
-
     with _disable_current_modes():
         return int(index.item()) if isinstance(index, torch.Tensor) else int(index)
 
 
 def _host_bool(pred: Any) -> bool:
     """A predicate's value, read with every dispatch mode off (capture reads it at replay)."""
-    from torch.utils._python_dispatch import _disable_current_modes
-
     with _disable_current_modes():
         return bool(pred)
 
@@ -290,7 +283,7 @@ class _FunctionFlagger(TorchFunctionMode):
 
 @contextlib.contextmanager
 def _host_reads(report: CapturabilityReport, target: str | None) -> Iterator[None]:
-    """Report the host reads a capture refuses (:mod:`~accel_graph.backends.recorder.hostreads`:
+    """Report the host reads a capture refuses (:mod:`~accel_graph.backends.capture_common.hostreads`:
     ``tolist``, ``numpy``, ``numpy.asarray``, ``repr``/``print``, f-strings, pickling), with
     the same interception the capture uses, so both see the same reads. With a GPU ``target``
     only reads of its tensors count (CPU tensors are host memory there); else any tensor's."""

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from ..backends.recorder.values import poison
+from ..backends.capture_common.poison import poison
 from .runtime import RunnerRuntime
 
 __all__ = ["debug_call"]

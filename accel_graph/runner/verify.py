@@ -17,6 +17,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
+from ..backends.capture_common.control_flow import undo_dynamo_skip
 from ..foundation.tolerances import assert_close_for_dtype
 from .group import GroupInfo, agreed_diff
 
@@ -113,8 +114,6 @@ def _eager_rule(dense: Any, mode: TorchDispatchMode, *args: Any, **kwargs: Any) 
     finally:
         # Eager torch.cond caches a TorchDynamo skip on its wrapper after running under a mode
         # (pytorch#163013); undo it, as the recorder does.
-        from ..backends.recorder.control_flow import undo_dynamo_skip
-
         undo_dynamo_skip()
 
 

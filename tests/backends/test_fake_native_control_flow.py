@@ -23,13 +23,13 @@ import torch
 import accel_graph
 from accel_graph import CaptureError
 from accel_graph.backends import get_backend
+from accel_graph.backends.capture_common.dispatch_stack import mode_stack
 from accel_graph.backends.native.control_flow import ControlFlowMode
 from accel_graph.backends.native.control_flow_support import (
     TORCH_MODULE,
     python_level_refusal,
     torch_module,
 )
-from accel_graph.backends.recorder.modes import mode_stack
 
 from .fakes import (
     FakeCudaModule,

@@ -15,7 +15,7 @@ import torch
 
 import accel_graph as ag
 from accel_graph import check_capturable
-from accel_graph.backends.recorder import hostreads
+from accel_graph.backends.capture_common import hostreads
 from accel_graph.errors import CaptureError
 
 READS = {

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 import accel_graph
-from accel_graph.backends.recorder.capture import Step
 from accel_graph.backends.recorder.compiled import precision_casts
 from accel_graph.backends.recorder.pool_protocol import PoolRef
+from accel_graph.backends.recorder.steps import Step
 
 aten = torch.ops.aten
 

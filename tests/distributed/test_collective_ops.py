@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from accel_graph.backends.capture_common import collective_rules as rules
 from accel_graph.backends.recorder import collective_replay
 from accel_graph.backends.recorder import collectives as coll
 
@@ -18,9 +19,9 @@ F = torch.ops._c10d_functional
 def test_roles_of_collective_ops():
     import torch.distributed._functional_collectives  # noqa: F401  (registers _wrap_tensor_autograd)
 
-    assert coll.is_collective(c10d.allreduce_.default)
-    assert coll.is_collective(F.wait_tensor.default)
-    assert not coll.is_collective(torch.ops.aten.add.Tensor)
+    assert rules.is_collective(c10d.allreduce_.default)
+    assert rules.is_collective(F.wait_tensor.default)
+    assert not rules.is_collective(torch.ops.aten.add.Tensor)
     assert coll.role(c10d.allreduce_.default) == coll.INPLACE
     assert coll.role(c10d._allgather_base_.default) == coll.INPLACE
     assert coll.role(F.all_reduce_.default) == coll.INPLACE
@@ -32,15 +33,15 @@ def test_roles_of_collective_ops():
 
 
 def test_refused_collective_ops_say_why():
-    assert "barrier" in coll.refusal(c10d.barrier.default)
-    assert "point-to-point" in coll.refusal(c10d.send.default)
-    assert "point-to-point" in coll.refusal(c10d.recv_.default)
+    assert "barrier" in rules.refusal(c10d.barrier.default)
+    assert "point-to-point" in rules.refusal(c10d.send.default)
+    assert "point-to-point" in rules.refusal(c10d.recv_.default)
     if hasattr(F, "isend"):  # functional isend: torch 2.13+ (2.11 has none to refuse)
-        assert "point-to-point" in coll.refusal(F.isend.default)
-    assert "root" in coll.refusal(c10d.scatter_.default)
-    assert coll.refusal(c10d.allreduce_.default) is None
-    assert coll.refusal(F.all_reduce.default) is None
-    assert set(coll.REFUSED_CALLERS) >= {"all_gather_object", "broadcast_object_list", "barrier",
+        assert "point-to-point" in rules.refusal(F.isend.default)
+    assert "root" in rules.refusal(c10d.scatter_.default)
+    assert rules.refusal(c10d.allreduce_.default) is None
+    assert rules.refusal(F.all_reduce.default) is None
+    assert set(rules.REFUSED_CALLERS) >= {"all_gather_object", "broadcast_object_list", "barrier",
                                          "new_group", "send", "recv"}
 
 
@@ -77,7 +78,7 @@ def test_no_process_group_means_no_known_groups():
 def test_check_capturable_rules_know_collectives():
     """check_capturable applies ops.illegal_reason: a collective returns a Work handle, which is
     not a host value, so it is legal unless refused by name."""
-    from accel_graph.backends.recorder.ops import illegal_reason
+    from accel_graph.backends.capture_common.illegal_ops import illegal_reason
 
     assert illegal_reason(c10d.allreduce_.default, (), {}) is None
     assert illegal_reason(c10d.alltoall_base_.default, (), {}) is None

@@ -11,29 +11,26 @@ contract. Everything vendor-specific is reached through ``self.module`` (``torch
 ``torch.xpu``, looked up when called, never at import). Every torch API is feature-detected: GPU
 hosts may run torch 2.11.
 
-Pool handles and pool memory live in :mod:`.native_pools` (``backend.pools``).
+Beside it: pool handles and pool memory (:mod:`.pools`, ``backend.pools``); who captures where,
+the side streams and the cleanup before a capture (:mod:`.capture_context`, a mix-in of the
+backend); torch's errors as ``CaptureError`` (:mod:`.capture_errors`); what torch's graph classes
+accept (:mod:`.torch_graphs`).
 """
 
 from __future__ import annotations
 
-import functools
-import gc
-import inspect
 import sys
-import threading
 import warnings
-import weakref
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from typing import Any, ClassVar
 
 import torch
 
-from ...errors import AccelGraphError, BackendUnavailable, CaptureError
+from ...errors import AccelGraphError, BackendUnavailable
 from ...foundation.compile_options import CompileOptions
 from .. import presence
 from ..base import (
-    CAPTURE_ERROR_MODES,
     Backend,
     Capabilities,
     DeviceSpec,
@@ -43,49 +40,10 @@ from ..base import (
 )
 from . import control_flow as control_flow
 from . import control_flow_support as cf_support
-from .capture_errors import end_capture_quietly
+from .capture_context import NativeCaptureContext
+from .capture_errors import begin_failed, end_capture_quietly, end_failed
 from .pools import NativePoolTable
-
-#: What torch.cuda.CUDAGraph gives the cuda and hip backends (HIP reuses the CUDA API).
-CUDA_GRAPH_CAPABILITIES = Capabilities(
-    native_graphs=True,
-    capture_error_modes=CAPTURE_ERROR_MODES,
-    standalone_bytes=False,
-    compile=False,
-    foreign_pool_handles=True,
-)
-
-
-def begin_params(graph: Any) -> frozenset[str]:
-    """Keyword arguments ``graph.capture_begin`` accepts (torch 2.11 lacks some; XPU takes only
-    ``pool``; ``torch.accelerator.Graph`` in 2.13 takes none and reads attributes instead)."""
-    return capture_begin_params(type(graph))
-
-
-@functools.lru_cache(maxsize=32)
-def capture_begin_params(cls: type) -> frozenset[str]:
-    """Keyword arguments ``cls.capture_begin`` accepts (cached per class)."""
-    try:
-        return frozenset(inspect.signature(cls.capture_begin).parameters) - {"self"}
-    except (TypeError, ValueError):  # a C function without a signature: assume torch's CUDA form
-        return frozenset({"pool", "capture_error_mode"})
-
-
-def _hint(exc: BaseException) -> str:
-    """What to do about a torch error from capture_begin."""
-    if "use_count" in str(exc):
-        # torch's create_or_incref_pool: the pool's graphs were all released while tensors still
-        # hold its memory, and torch cannot rejoin such a pool. Our own handles avoid this.
-        return (
-            "The torch pool was released by all its graphs while "
-            "tensors still hold its memory, and torch cannot rejoin it: use a new handle "
-            "(accel_graph.graph_pool_handle(), which remaps released pools) or keep a graph of "
-            "that pool alive"
-        )
-    return (
-        "Capture with `with accel_graph.graph(g): ...` (it uses a side stream on the graph's "
-        "device) or make a non-default stream of that device current first"
-    )
+from .torch_graphs import CUDA_GRAPH_CAPABILITIES, begin_params
 
 
 class NativeGraphImpl(GraphImpl):
@@ -125,7 +83,7 @@ class NativeGraphImpl(GraphImpl):
         except BaseException as exc:
             pools.unused(pool)  # no graph holds it: forget the bookkeeping entry
             if isinstance(exc, RuntimeError) and not isinstance(exc, AccelGraphError):
-                raise CaptureError(f"capture_begin on {self.device} failed: {exc}. {_hint(exc)}") from exc
+                raise begin_failed(self.device, exc) from exc
             raise
         self._graph, self._handle, self._torch_id = graph, pool, torch_id
         pools.captured(pool)
@@ -143,11 +101,7 @@ class NativeGraphImpl(GraphImpl):
             self._graph.capture_end()
             self._backend.capture_stopped(self)
         except RuntimeError as exc:
-            raise CaptureError(
-                f"capture_end on {self.device} failed: {exc}. Typical causes: a host sync, "
-                f"data-dependent shapes or unjoined side-stream work inside the capture; "
-                f"run it under the recorder backend (device='cpu') to find the op"
-            ) from exc
+            raise end_failed(self.device, exc) from exc
         if self._torch_id is None and self._handle is not None:
             self._torch_id = self._backend.pools.learned(self._handle, self._graph)
         after = None
@@ -233,7 +187,7 @@ class NativeGraphImpl(GraphImpl):
         return self._bytes
 
 
-class NativeGraphBackend(Backend):
+class NativeGraphBackend(NativeCaptureContext, Backend):
     """Base of the backends built on a torch graph class (cuda, hip, xpu).
 
     A subclass sets the class attributes below and overrides the mechanism hooks where its
@@ -241,8 +195,10 @@ class NativeGraphBackend(Backend):
     else here is policy, which subclasses do not override: it is what makes the three backends
     behave the same (refusals, messages, bookkeeping).
 
-    ``pools`` (a :class:`~.native_pools.NativePoolTable`) holds the pool bookkeeping; the
-    :class:`Backend` pool methods delegate to it.
+    ``pools`` (a :class:`~.pools.NativePoolTable`) holds the pool bookkeeping; the
+    :class:`Backend` pool methods delegate to it. Who captures where (the capture table, the
+    nested-capture refusal, the current-device check, the side streams, the cleanup before a
+    capture) comes from :class:`~.capture_context.NativeCaptureContext`.
     """
 
     #: ``torch.<module_name>`` is the vendor module: ``"cuda"`` (also on ROCm) or ``"xpu"``.
@@ -253,14 +209,9 @@ class NativeGraphBackend(Backend):
     no_device_reason: ClassVar[str] = "no visible device"
 
     def __init__(self) -> None:
+        super().__init__()  # NativeCaptureContext: the capture table, the side streams
         self.pools = NativePoolTable(self.name, lambda: self.module)
-        self._lock = threading.Lock()  # guards the per-device caches below
         self._specs: dict[int, DeviceSpec] = {}
-        self._streams: dict[int, Any] = {}
-        # thread id -> the capture it began; weak, so a dropped Graph does not block the thread
-        self._capturing: weakref.WeakValueDictionary[int, NativeGraphImpl] = (
-            weakref.WeakValueDictionary()
-        )
 
     @property
     def module(self) -> Any:
@@ -358,34 +309,7 @@ class NativeGraphBackend(Backend):
         facts.append(("control flow", cf_support.summary(self.control_flow_support())))
         return iter(facts)
 
-    # -- policy: capture (called by NativeGraphImpl) ------------------------------------------
-    def refuse_nested(self, device: DeviceSpec) -> None:
-        """Raise ``CaptureError`` when this thread or the current stream is already capturing.
-
-        Checked before anything touches the device: the synchronize of ``prepare_capture``
-        inside a capture would invalidate the outer capture, and torch's own error comes only
-        after that damage."""
-        outer = self._capturing.get(threading.get_ident())
-        if outer is None and not self.is_current_stream_capturing(device):
-            return
-        where = f"a graph on {outer.device}" if outer is not None else "the current stream"
-        raise CaptureError(
-            f"cannot begin a capture on {device}: a capture is already underway ({where}); "
-            f"device graphs do not nest, so end the outer capture first (capture_end() or leave "
-            f"its `with accel_graph.graph(...)` block)"
-        )
-
-    def capture_started(self, impl: NativeGraphImpl) -> None:
-        """``impl`` began capturing on this thread."""
-        self._capturing[threading.get_ident()] = impl
-
-    def capture_stopped(self, impl: NativeGraphImpl) -> None:
-        """``impl``'s capture ended or was aborted."""
-        # capture_end may run on another thread than capture_begin: find the entry by impl.
-        for tid, active in list(self._capturing.items()):
-            if active is impl:
-                self._capturing.pop(tid, None)
-
+    # -- policy: capture modes -----------------------------------------------------------------
     def vendor_mode(self, mode: str) -> str:
         """Map our ``capture_error_mode`` onto the vendor's, warning where it is ignored."""
         honoured = self.capabilities().capture_error_modes
@@ -397,16 +321,6 @@ class NativeGraphBackend(Backend):
             )
             mode = "default"
         return self.vendor_default_mode if mode == "default" else mode
-
-    def check_current_device(self, spec: DeviceSpec) -> None:
-        """Raise ``CaptureError`` unless ``spec`` is the current device (torch captures there)."""
-        current = int(self.module.current_device())
-        if current != spec.index:
-            raise CaptureError(
-                f"capture_begin for a graph on {spec}, but the current device is "
-                f"{spec.device_type}:{current}; capture with `with accel_graph.graph(g): ...` "
-                f"(it switches to the graph's device) or make {spec.device_type}:{spec.index} current"
-            )
 
     # -- the Backend contract ----------------------------------------------------------------
     def device_spec(self, device: torch.device) -> DeviceSpec:
@@ -452,49 +366,3 @@ class NativeGraphBackend(Backend):
 
     def pool_stats(self, pool: PoolHandle) -> PoolStats | None:
         return self.pools.stats(pool)
-
-    def synchronize(self, device: DeviceSpec) -> None:
-        self.module.synchronize(device.index)
-
-    def current_stream(self, device: DeviceSpec) -> Any:
-        return self.module.current_stream(device.index)
-
-    def capture_stream(self, device: DeviceSpec) -> Any:
-        # One side stream per device, like torch.cuda.graph's class-level stream: capture on the
-        # default stream is illegal on CUDA, and sharing a pool across captures wants one stream.
-        with self._lock:
-            s = self._streams.get(device.index)  # type: ignore[arg-type]
-            if s is None:
-                s = self._streams[device.index] = self.module.Stream(device=device.index)  # type: ignore[index]
-            return s
-
-    def stream_context(self, stream: Any) -> AbstractContextManager[Any]:
-        return self.module.stream(stream)
-
-    def is_current_stream_capturing(self, device: DeviceSpec) -> bool:
-        return self._capturing_on(device.index)
-
-    def is_capturing(self, device: torch.device) -> bool:
-        # No DeviceSpec: building one reads the arch, which would start the runtime.
-        return self._capturing_on(device.index)
-
-    def _capturing_on(self, index: int | None) -> bool:
-        mod = self.module
-        if hasattr(mod, "is_initialized") and not mod.is_initialized():
-            return False  # nothing can be capturing before the runtime starts; don't start it
-        if index is not None and int(mod.current_device()) != index:
-            with mod.device(index):
-                return bool(mod.is_current_stream_capturing())
-        return bool(mod.is_current_stream_capturing())
-
-    def prepare_capture(self, device: DeviceSpec) -> None:
-        self.refuse_nested(device)
-        mod = self.module
-        mod.synchronize(device.index)
-        config = getattr(getattr(torch, "compiler", None), "config", None)
-        if getattr(config, "force_cudagraph_gc", False):
-            gc.collect()  # torch does this only on request: it is expensive per capture
-        mod.empty_cache()
-        host = getattr(torch._C, "_host_emptyCache", None) if self.module_name == "cuda" else None
-        if host is not None:
-            host()  # as torch.cuda.graph does: pinned host blocks cached before capture

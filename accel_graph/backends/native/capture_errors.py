@@ -1,4 +1,5 @@
-"""torch's raw stream-capture errors during a native capture, as :class:`CaptureError`.
+"""torch's errors around a native capture, as :class:`CaptureError`: the raw stream-capture
+refusals of ops inside it, and failures of ``capture_begin`` / ``capture_end`` themselves.
 
 An op that real stream capture forbids (a host sync such as ``.item()``, ``bool(t)``,
 ``nonzero``, a pageable copy, ``synchronize``) makes the CUDA/HIP runtime refuse it, and torch
@@ -18,7 +19,9 @@ from typing import Any
 
 from ...errors import AccelGraphError, CaptureError
 
-__all__ = ["CAPTURE_ERROR_MARKERS", "as_capture_error", "end_capture_quietly"]
+__all__ = [
+    "CAPTURE_ERROR_MARKERS", "as_capture_error", "begin_failed", "end_capture_quietly", "end_failed",
+]
 
 #: Substrings of the CUDA and HIP runtime errors that mean "refused because a stream captures".
 CAPTURE_ERROR_MARKERS = (
@@ -68,3 +71,36 @@ def end_capture_quietly(backend: Any, stream: Any, graph: Any) -> None:
             graph.capture_end()
     except Exception:
         pass
+
+
+def _begin_hint(exc: BaseException) -> str:
+    """What to do about a torch error from capture_begin."""
+    if "use_count" in str(exc):
+        # torch's create_or_incref_pool: the pool's graphs were all released while tensors still
+        # hold its memory, and torch cannot rejoin such a pool. Our own handles avoid this.
+        return (
+            "The torch pool was released by all its graphs while "
+            "tensors still hold its memory, and torch cannot rejoin it: use a new handle "
+            "(accel_graph.graph_pool_handle(), which remaps released pools) or keep a graph of "
+            "that pool alive"
+        )
+    return (
+        "Capture with `with accel_graph.graph(g): ...` (it uses a side stream on the graph's "
+        "device) or make a non-default stream of that device current first"
+    )
+
+
+def begin_failed(device: object, exc: BaseException) -> CaptureError:
+    """The error for torch's ``RuntimeError`` ``exc`` from ``capture_begin`` on ``device``, with
+    what to do about it."""
+    return CaptureError(f"capture_begin on {device} failed: {exc}. {_begin_hint(exc)}")
+
+
+def end_failed(device: object, exc: BaseException) -> CaptureError:
+    """The error for torch's ``RuntimeError`` ``exc`` from ``capture_end`` on ``device``, with
+    its typical causes."""
+    return CaptureError(
+        f"capture_end on {device} failed: {exc}. Typical causes: a host sync, "
+        f"data-dependent shapes or unjoined side-stream work inside the capture; "
+        f"run it under the recorder backend (device='cpu') to find the op"
+    )

@@ -46,7 +46,8 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 
 from ...errors import AccelGraphError, CaptureError
 from ...foundation import config
-from ..control_flow_checks import same_meta
+from ..capture_common.control_flow import same_meta
+from ..capture_common.dispatch_stack import mode_stack, remove_mode
 from .capture_errors import as_capture_error
 from .control_flow_support import RECORDER_HINT, ControlFlowSupport, torch_module
 
@@ -269,8 +270,6 @@ def start(support: ControlFlowSupport, device: object) -> ControlFlowMode | None
     """Enter a fresh mode on this thread for a capture beginning on ``device``; modes left on
     this thread's stack by captures that ended elsewhere are taken off first. None (no mode:
     torch.cond runs as plain torch) when ``ACCEL_GRAPH_NATIVE_CONTROL_FLOW=0``."""
-    from ..recorder.modes import mode_stack, remove_mode
-
     if not config.native_control_flow():
         return None
 
@@ -289,8 +288,6 @@ def stop(mode: ControlFlowMode | None) -> None:
         return
     mode.active = False
     if mode.thread is threading.current_thread():
-        from ..recorder.modes import remove_mode
-
         remove_mode(mode)
 
 

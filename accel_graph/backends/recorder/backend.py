@@ -28,7 +28,7 @@ from ..base import (
     next_user_pool_id,
 )
 from . import collective_check, collectives
-from .capture import Capture, InputRecord, Step, active_capture
+from .capture import Capture
 from .compiled import replay_choice
 from .compiled.choice import CompiledChoice
 from .compiled.policy import ReplayPolicy
@@ -36,6 +36,8 @@ from .dump import describe, write_dump
 from .pool import make_pool
 from .pool_protocol import GraphPool, PoolEvent, PoolRef
 from .program import build_replay, materialize, replayed
+from .steps import InputRecord, Step
+from .threads import active_capture
 
 log = logging.getLogger("accel_graph")
 

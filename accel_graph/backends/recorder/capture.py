@@ -8,103 +8,46 @@ that existed before capture are inputs by reference. Operations that real device
 forbids raise :class:`~accel_graph.errors.CaptureError` at the op (when planning).
 
 The mode is thread-local (``TorchDispatchMode``), so a capture records only its own thread;
-:func:`active_capture` is the capture underway on the calling thread.
+:func:`~.threads.active_capture` is the capture underway on the calling thread.
 
 A capture that is over never records again: an illegal op invalidates it at the op (as on
 CUDA), and a capture ended from elsewhere (its ``Graph`` collected by another thread) is
 marked over. torch pushes a mode back onto the stack after its handler returns or raises, so
 the handler cannot pop itself: a mode whose capture is over passes every op through eagerly
 (real values, exactly as with no mode) until the next recorder call on its thread
-(:func:`active_capture`, capture begin, end or reset) takes it off the stack.
+(:func:`~.threads.active_capture`, capture begin, end or reset) takes it off the stack.
 """
 
 from __future__ import annotations
 
 import threading
 import weakref
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch._ops import OpOverload
 
+from ..capture_common import hostreads
+from ..capture_common.dispatch_stack import remove_mode
+from ..capture_common.frames import user_frame
+from ..capture_common.poison import poison
+from ..capture_common.pytree import first_tensor, tree_flatten, tree_map
 from . import collectives as coll
-from . import hostflags, hostreads, rng
+from . import hostflags, rng
 from . import ops as opinfo
 from .control_flow import register_rules
-from .modes import RecordingMode, ThreadExitGuard, mode_stack, remove_mode
-from .plan import COLLECTIVE, FUNCTIONAL, MUTATE, VIEW, Plan, plan_for, user_frame
+from .modes import RecordingMode
+from .plan import COLLECTIVE, FUNCTIONAL, MUTATE, VIEW, Plan, plan_for
 from .pool_protocol import GraphPool, PoolEvent, PoolRef
-from .pytree import first_tensor, tree_flatten, tree_map
-from .values import poison, prewrapped
+from .steps import InputRecord, Step
+from .threads import clear_active_capture, drop_exit_guard, hold_exit_guard, set_active_capture
+from .values import prewrapped
 
-_tls = threading.local()
 _LIFT_FRESH = torch.ops.aten.lift_fresh.default
 #: The operator a control-flow step stands for (for dumps and error messages).
 _CONTROL_OPS: dict[str, Any] = {"cond": torch.ops.higher_order.cond,
                                 "while": torch.ops.higher_order.while_loop}
 _Tensor = torch.Tensor
-
-
-def active_capture() -> Capture | None:
-    """The capture underway on this thread, if any. Recording modes left on this thread's
-    dispatch stack by captures that are over are taken off it first."""
-    cap = getattr(_tls, "capture", None)
-    if cap is not None and cap.over is not None:
-        _tls.capture = cap = None
-    if torch._C._len_torch_dispatch_stack():
-        discard_finished_modes()
-    return cap
-
-
-def discard_finished_modes() -> None:
-    """Take every recording mode whose capture is over off this thread's dispatch stack
-    (modes above it keep their order). Such modes only pass ops through; this makes them go."""
-    stale = [m for m in mode_stack() if isinstance(m, RecordingMode) and m.finished]
-    for mode in stale:
-        remove_mode(mode)
-
-
-def set_active_capture(capture: Capture | None) -> None:
-    """Make ``capture`` the one underway on this thread (None: no capture). The caller enters
-    or leaves ``capture.mode`` itself."""
-    _tls.capture = capture
-
-
-@dataclass
-class Step:
-    """One recorded operation.
-
-    Arguments keep inputs (tensors that existed before capture) by reference and pool tensors
-    as :class:`~.pool_protocol.PoolRef` locations, so capture holds no pool memory alive. ``kind`` is
-    ``"mutate"`` (in-place / out= as called), ``"host"`` (a Python call at replay, ``func`` a
-    :class:`~.rng.HostCall` and ``extra`` its function: generator state) or a functional
-    :class:`~accel_graph.backends.recorder.ops.Strategy` kind; ``outputs`` are the locations a
-    functional op writes.
-    """
-
-    func: OpOverload | rng.HostCall
-    kind: str
-    args: tuple
-    kwargs: dict
-    outputs: tuple = ()
-    strategy: opinfo.Strategy | None = None
-    extra: Any = None
-    #: Index of each output among the op's flattened results (for rebuilding it as FX).
-    positions: tuple[int, ...] = ()
-    #: Replay runs this step with grad mode on (its kernel's outputs depend on it).
-    grad: bool = False
-
-
-@dataclass
-class InputRecord:
-    """A tensor that existed before capture, with what replay checks to detect staleness."""
-
-    tensor: torch.Tensor
-    data_ptr: int
-    shape: torch.Size
-    stride: tuple[int, ...]
-    name: str = ""
 
 
 class Capture:
@@ -157,7 +100,7 @@ class Capture:
                                    rng.weak_method(self, "_refused"), generators)
         #: The process-wide compute settings the last recorded op ran under (hostflags).
         self.flags = hostflags.snapshot()
-        #: The host-read check of the capturing thread (:mod:`.hostreads`), while it holds one.
+        #: The host-read check of the capturing thread (:mod:`~accel_graph.backends.capture_common.hostreads`), while it holds one.
         self._reads: object | None = None
 
     # -- lifecycle ----------------------------------------------------------------------
@@ -170,7 +113,7 @@ class Capture:
         self.thread = threading.current_thread()
         set_active_capture(self)
         self.mode.__enter__()
-        _tls.exit_guard = ThreadExitGuard(self)
+        hold_exit_guard(self)
         self.rng.begin()
         hostreads.acquire()
         ref = weakref.ref(self)
@@ -205,11 +148,8 @@ class Capture:
         self.rng.end()
         self._release_reads()
         if self.thread is threading.current_thread():
-            if getattr(_tls, "capture", None) is self:
-                _tls.capture = None
-            guard = getattr(_tls, "exit_guard", None)
-            if guard is not None and guard.capture() is self:
-                _tls.exit_guard = None
+            clear_active_capture(self)
+            drop_exit_guard(self)
             remove_mode(self.mode)
 
     def invalidate(self, func: OpOverload | str, exc: BaseException) -> None:
@@ -223,8 +163,7 @@ class Capture:
         self.over = f"invalidated by {self.invalidated_by}"
         self.rng.end()
         self._release_reads()
-        if getattr(_tls, "capture", None) is self:
-            _tls.capture = None
+        clear_active_capture(self)
         self.release_pool()
 
     def sync_flags(self) -> None:

@@ -1,4 +1,5 @@
-"""Collectives inside a recorder capture: what is recorded, what is refused, how it replays.
+"""Collectives inside a recorder capture: what is recorded and how it replays (which ops are
+collectives and which a capture refuses: :mod:`accel_graph.backends.capture_common.collective_rules`).
 
 Two families of ops reach the dispatcher when user code communicates through
 ``torch.distributed``:
@@ -30,69 +31,14 @@ hang or a silent wrong result.
 from __future__ import annotations
 
 import functools
-import os
-import sys
 from typing import Any
 
 import torch
 from torch._ops import OpOverload
 
 from ...errors import CaptureError
+from ..capture_common.collective_rules import C10D, refused_caller
 from .pool_protocol import PoolRef
-
-#: Namespaces of the collective ops.
-C10D = "c10d"
-FUNCTIONAL = "_c10d_functional"
-_NAMESPACES = frozenset({C10D, FUNCTIONAL, "c10d_functional"})
-
-_P2P = ("point-to-point transfers differ between ranks (one sends, the other receives), so the "
-        "ranks' recorded programs could not be checked against each other; keep send/recv "
-        "outside the capture, or use a collective (all_to_all_single, broadcast)")
-_ROOTED = ("its tensor lists differ between the root and the other ranks; use "
-           "all_gather_into_tensor / broadcast / reduce_scatter_tensor, which capture")
-
-#: Collective ops refused at capture, by ``namespace::name``, with the reason.
-REFUSED_OPS: dict[str, str] = {
-    "c10d::barrier": "a barrier synchronises the host with other ranks, which a device graph "
-    "cannot replay; call dist.barrier() before capture or after replay",
-    "c10d::monitored_barrier_": "a barrier synchronises the host with other ranks, which a "
-    "device graph cannot replay; call it outside the capture",
-    "c10d::check_for_nan": "it reads tensor values on the host (a sync); check after replay",
-    "c10d::send": _P2P,
-    "c10d::recv_": _P2P,
-    "c10d::recv_any_source_": _P2P,
-    "c10d::gather_": _ROOTED,
-    "c10d::scatter_": _ROOTED,
-    "_c10d_functional::isend": _P2P,
-    "_c10d_functional::irecv": _P2P,
-    "_c10d_functional::batch_p2p_ops": _P2P,
-}
-
-#: ``torch.distributed`` functions refused when a collective is issued from inside them
-#: (found on the Python stack), with the reason.
-_OBJECT = ("it pickles Python objects and sizes tensors from their values on the host, which a "
-           "device graph cannot replay; exchange objects before capture, or exchange tensors")
-REFUSED_CALLERS: dict[str, str] = {
-    "all_gather_object": _OBJECT,
-    "gather_object": _OBJECT,
-    "broadcast_object_list": _OBJECT,
-    "scatter_object_list": _OBJECT,
-    "send_object_list": _OBJECT,
-    "recv_object_list": _OBJECT,
-    "barrier": REFUSED_OPS["c10d::barrier"],
-    "monitored_barrier": REFUSED_OPS["c10d::barrier"],
-    "new_group": "process groups must exist before capture (group creation talks to the "
-    "store and other ranks on the host); create groups first, then capture",
-    "new_subgroups": "process groups must exist before capture; create groups first",
-    "new_subgroups_by_enumeration": "process groups must exist before capture; create groups first",
-    "batch_isend_irecv": _P2P,
-    "isend": _P2P,
-    "irecv": _P2P,
-    "send": _P2P,
-    "recv": _P2P,
-    "gather": _ROOTED,
-    "scatter": _ROOTED,
-}
 
 #: Ops that pass their argument through at capture and record nothing.
 _IDENTITY = frozenset({"_c10d_functional::wait_tensor", "_c10d_functional::_wrap_tensor_autograd",
@@ -100,19 +46,6 @@ _IDENTITY = frozenset({"_c10d_functional::wait_tensor", "_c10d_functional::_wrap
 
 #: Roles of collective ops (:func:`role`).
 IDENTITY, INPLACE, ISSUE = "identity", "inplace", "issue"
-
-_C10D_FILE = os.path.join("torch", "distributed", "distributed_c10d.py")
-
-
-@functools.lru_cache(maxsize=1024)
-def is_collective(func: OpOverload) -> bool:
-    """Whether ``func`` is a c10d or functional collective op (including ``wait_tensor``)."""
-    return func.namespace in _NAMESPACES
-
-
-def refusal(func: OpOverload) -> str | None:
-    """Why capture refuses ``func`` (a collective op), or None."""
-    return REFUSED_OPS.get(func._schema.name)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -129,22 +62,10 @@ def role(func: OpOverload) -> str:
     return ISSUE
 
 
-def refused_caller() -> tuple[str, str] | None:
-    """``(function, reason)`` of a refused ``torch.distributed`` function on the Python stack
-    (``all_gather_object``, ``barrier``, ``new_group``, ...), or None. Walked only when a
-    collective op is captured, so its cost is paid per collective, never per op."""
-    frame = sys._getframe(1)
-    found = None
-    while frame is not None:
-        code = frame.f_code
-        if code.co_filename.endswith(_C10D_FILE) and code.co_name in REFUSED_CALLERS:
-            found = code.co_name  # keep walking: the outermost one is what the user called
-        frame = frame.f_back
-    return None if found is None else (found, REFUSED_CALLERS[found])
-
-
 # -- process groups -----------------------------------------------------------------------------
 def _c10d() -> Any:
+    # On first use: builds without torch.distributed lack the module, and capture without
+    # collectives never needs it.
     import torch.distributed.distributed_c10d as c10d
 
     return c10d
@@ -309,7 +230,7 @@ def as_functional(func: OpOverload, args: tuple, kwargs: dict) -> tuple[Any, tup
 
 
 __all__ = [
-    "IDENTITY", "INPLACE", "ISSUE", "REFUSED_CALLERS", "REFUSED_OPS", "as_functional",
-    "capture_result", "check_call", "completed_work", "describe", "functional_ops", "group_of",
-    "is_collective", "known_groups", "reduce_op_name", "refusal", "refused_caller", "role",
+    "IDENTITY", "INPLACE", "ISSUE", "as_functional", "capture_result", "check_call",
+    "completed_work", "describe", "functional_ops", "group_of", "known_groups", "reduce_op_name",
+    "role",
 ]

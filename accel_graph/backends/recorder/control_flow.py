@@ -39,26 +39,45 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 from torch._ops import HigherOrderOperator
+from torch.utils._python_dispatch import _disable_current_modes
 
-from ...errors import CaptureError
-from ..control_flow_checks import same_meta
-from .pytree import tree_flatten, tree_map
+from ...errors import CaptureError, ReplayError
+from ..capture_common.control_flow import SUPPORTED, same_meta, undo_dynamo_skip
+from ..capture_common.pytree import tree_flatten, tree_map
+from .ops import Strategy
+from .rng import HostCall
+from .steps import Step
 
-if TYPE_CHECKING:
-    from .capture import Capture
-
-__all__ = ["SUPPORTED", "record_higher_order", "register_rules", "undo_dynamo_skip"]
-
-#: Higher-order operators the recorder captures, by ``HigherOrderOperator.name()`` (``switch``
-#: only where this torch has it: :func:`register_rules` skips operators torch lacks).
-SUPPORTED = ("cond", "while_loop", "switch")
+__all__ = ["record_higher_order", "register_rules"]
 
 _FIX = ("Inside a capture the recorder supports torch.cond, torch.while_loop and torch.switch; "
         "run this operator outside the captured region")
+
+
+class RecordingCapture(Protocol):
+    """What recording control flow needs of a capture (:class:`~.capture.Capture` is the one
+    there is; typed by its surface so this module and :mod:`.capture`, which registers the
+    rules, do not import each other)."""
+
+    #: The recording mode (entered again around each branch or body).
+    mode: Any
+    #: None while recording; else why the capture is over.
+    over: str | None
+    #: The step list being recorded into (swapped for a branch's or body's own).
+    steps: list[Step]
+
+    def invalidate(self, func: Any, exc: BaseException) -> None: ...
+
+    def allocate_output(self, shape: Any, stride: Any, dtype: torch.dtype,
+                        device: torch.device) -> torch.Tensor: ...
+
+    def frozen_arg(self, x: Any) -> Any: ...
+
+    def record_control(self, kind: str, extra: tuple) -> None: ...
 
 
 _registered: set[type] = set()
@@ -82,8 +101,6 @@ def _rule(op: HigherOrderOperator, mode: Any, *args: Any, **kwargs: Any) -> Any:
     try:
         cap = mode.capture
         if cap is None or cap.over is not None:  # a capture that is over passes ops through
-            from torch.utils._python_dispatch import _disable_current_modes
-
             with _disable_current_modes():
                 return op(*args, **kwargs)
         try:
@@ -95,41 +112,8 @@ def _rule(op: HigherOrderOperator, mode: Any, *args: Any, **kwargs: Any) -> Any:
         undo_dynamo_skip()
 
 
-#: The wrappers eager torch.cond / torch.while_loop hand to torch.compile, by module and
-#: enclosing function.
-_EAGER_WRAPPERS = (("torch._higher_order_ops.cond", "cond", "_cond_op_wrapper"),
-                   ("torch._higher_order_ops.while_loop", "while_loop", "_while_loop_op_wrapper"),
-                   ("torch._higher_order_ops.switch", "switch", "run_switch"))
-
-
-def undo_dynamo_skip() -> None:
-    """Let eager ``torch.cond``/``torch.while_loop`` compile again after one ran under a mode.
-
-    Eager torch.cond runs its operator inside ``torch.compile``; under a user dispatch mode
-    TorchDynamo skips that frame (pytorch#163013) and caches the skip on the wrapper's code
-    object, after which every eager torch.cond of the process fails with ``Unsupported``. This
-    resets the wrappers' code to the default strategy. Feature-detected: does nothing where the
-    torch build lacks these internals.
-    """
-    import sys
-    import types
-
-    dynamo = sys.modules.get("torch._dynamo.eval_frame")
-    dtypes = sys.modules.get("torch._dynamo.types")
-    if dynamo is None or dtypes is None:
-        return
-    try:
-        default = dtypes.FrameExecStrategy(dtypes.FrameAction.DEFAULT, dtypes.FrameAction.DEFAULT)
-        for module, func, wrapper in _EAGER_WRAPPERS:
-            fn = getattr(sys.modules.get(module), func, None)
-            for const in getattr(getattr(fn, "__code__", None), "co_consts", ()):
-                if isinstance(const, types.CodeType) and const.co_name == wrapper:
-                    dynamo.set_code_exec_strategy(const, default)
-    except (AttributeError, TypeError):  # pragma: no cover - other torch internals
-        return
-
-
-def record_higher_order(cap: Capture, func: HigherOrderOperator, args: tuple, kwargs: dict) -> Any:
+def record_higher_order(cap: RecordingCapture, func: HigherOrderOperator, args: tuple,
+                        kwargs: dict) -> Any:
     """Record one higher-order operator called inside ``cap``; returns what eager would."""
     name = func.name()
     if name == "cond":
@@ -163,7 +147,7 @@ def _tensors(out: Any, what: str) -> list[torch.Tensor]:
     return leaves
 
 
-def _record_sub(cap: Capture, fn: Any, operands: tuple) -> tuple[list, Any]:
+def _record_sub(cap: RecordingCapture, fn: Any, operands: tuple) -> tuple[list, Any]:
     """Record ``fn(*operands)`` into a new step list; returns (steps, result)."""
     outer = cap.steps
     cap.steps = []
@@ -198,11 +182,9 @@ def _outer_dispatch_keys() -> Any:
     return torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), restored)
 
 
-def _fresh_like(cap: Capture, t: torch.Tensor) -> torch.Tensor:
+def _fresh_like(cap: RecordingCapture, t: torch.Tensor) -> torch.Tensor:
     """A pool tensor with ``t``'s shape, dtype and device (and its strides where they are dense
     and non-overlapping, as ``empty_like``), booked as an output of the capture."""
-    from torch.utils._python_dispatch import _disable_current_modes
-
     # Outside the recording mode: inside a cond branch the mode is active, and the meta
     # factory would be recorded as a step (a meta tensor Inductor's program then copied into).
     with _disable_current_modes():
@@ -210,8 +192,8 @@ def _fresh_like(cap: Capture, t: torch.Tensor) -> torch.Tensor:
     return cap.allocate_output(t.shape, stride, t.dtype, t.device)
 
 
-def _into_common(cap: Capture, common: list[torch.Tensor], firsts: list[torch.Tensor],
-                 what: str) -> Any:
+def _into_common(cap: RecordingCapture, common: list[torch.Tensor],
+                 firsts: list[torch.Tensor], what: str) -> Any:
     """A wrapper making a branch copy its results into ``common`` (made, as fresh pool memory,
     by the first branch recorded; later branches must match its outputs)."""
     def wrap(fn: Any, label: str) -> Any:
@@ -232,7 +214,8 @@ def _into_common(cap: Capture, common: list[torch.Tensor], firsts: list[torch.Te
     return wrap
 
 
-def _record_cond(cap: Capture, pred: Any, true_fn: Any, false_fn: Any, operands: Any) -> Any:
+def _record_cond(cap: RecordingCapture, pred: Any, true_fn: Any, false_fn: Any,
+                 operands: Any) -> Any:
     _check_pred(pred, "torch.cond's predicate")
     operands = tuple(operands)
     common: list[torch.Tensor] = []  # the outputs, made by the true branch's recording
@@ -246,7 +229,7 @@ def _record_cond(cap: Capture, pred: Any, true_fn: Any, false_fn: Any, operands:
     return tree_map(lambda _: next(it), true_out)
 
 
-def _record_while(cap: Capture, cond_fn: Any, body_fn: Any, carried: Any,
+def _record_while(cap: RecordingCapture, cond_fn: Any, body_fn: Any, carried: Any,
                   additional: Any = ()) -> Any:
     carried, additional = tuple(carried), tuple(additional)
     bad = [type(c).__name__ for c in carried if not isinstance(c, torch.Tensor)]
@@ -289,7 +272,7 @@ def _check_index(index: Any, n: int) -> None:
         )
 
 
-def _control_steps(cap: Capture, kind: str, extra: tuple) -> list:
+def _control_steps(cap: RecordingCapture, kind: str, extra: tuple) -> list:
     """One control-flow step, recorded into a step list of its own (not the program)."""
     outer = cap.steps
     cap.steps = []
@@ -300,14 +283,9 @@ def _control_steps(cap: Capture, kind: str, extra: tuple) -> list:
         cap.steps = outer
 
 
-def _out_of_range_step(cap: Capture, index: torch.Tensor, n: int) -> Any:
+def _out_of_range_step(cap: RecordingCapture, index: torch.Tensor, n: int) -> Any:
     """The host step ending the selection chain: reached only for an index outside
     ``[0, n)``, where eager's operator raises; replay raises ReplayError the same way."""
-    from ...errors import ReplayError
-    from .capture import Step
-    from .ops import Strategy
-    from .rng import HostCall
-
     def out_of_range(idx: torch.Tensor) -> None:
         raise ReplayError(
             f"torch.switch's index is {int(idx.item())} at replay, out of range for its {n} "
@@ -321,7 +299,7 @@ def _out_of_range_step(cap: Capture, index: torch.Tensor, n: int) -> Any:
                 Strategy("host", why=why), out_of_range)
 
 
-def _record_switch(cap: Capture, index: Any, branches: Any, operands: Any = ()) -> Any:
+def _record_switch(cap: RecordingCapture, index: Any, branches: Any, operands: Any = ()) -> Any:
     branches, operands = tuple(branches), tuple(operands)
     n = len(branches)
     if n == 0:

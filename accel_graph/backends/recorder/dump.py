@@ -11,10 +11,10 @@ from typing import Any
 
 import torch
 
-from .capture import InputRecord, Step
+from ..capture_common.pytree import tree_flatten
 from .pool_protocol import ADDRESS, PoolRef
 from .program import allocates_at_replay
-from .pytree import tree_flatten
+from .steps import InputRecord, Step
 
 SCHEMA_VERSION = 1
 

@@ -1,12 +1,9 @@
-"""The recorder's dispatch mode and the calling thread's torch dispatch-mode stack: the mode
-that routes a capturing thread's ops to its capture, reading the stack and taking one mode off
-it wherever it sits (a recording mode whose capture is over, below modes the user left open),
-and the guard that takes the mode off a thread that exits with its capture open."""
+"""The recorder's dispatch mode: the mode that routes a capturing thread's ops to its capture
+(the thread's state, and the guard that takes the mode off a thread that exits with its capture
+open: :mod:`.threads`)."""
 
 from __future__ import annotations
 
-import threading
-import weakref
 from typing import Any
 
 import torch
@@ -14,70 +11,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ...errors import CaptureError
 
-__all__ = ["RecordingMode", "ThreadExitGuard", "mode_stack", "remove_mode"]
-
-
-def mode_stack() -> list[Any]:
-    """The calling thread's torch dispatch modes, bottom first."""
-    n = torch._C._len_torch_dispatch_stack()
-    return [torch._C._get_dispatch_stack_at(i) for i in range(n)]
-
-
-def remove_mode(mode: TorchDispatchMode) -> None:
-    """Take ``mode`` off this thread's dispatch stack wherever it is. On top (the usual case)
-    it is exited properly; below modes the user left open, those are lifted off and put back."""
-    stack = mode_stack()
-    if mode not in stack:
-        return
-    if stack[-1] is mode:
-        try:
-            mode.__exit__(None, None, None)
-            return
-        except Exception:  # flags of the mode disturbed by user code: pop it plainly below
-            if torch._C._len_torch_dispatch_stack() < len(stack):
-                return  # __exit__ popped it before failing
-    above = []
-    while torch._C._len_torch_dispatch_stack():
-        top = torch._C._pop_torch_dispatch_stack(None)
-        if top is mode:
-            break
-        above.append(top)
-    for m in reversed(above):
-        torch._C._push_on_torch_dispatch_stack(m)
-
-
-class ThreadExitGuard:
-    """Held in the capturing thread's thread-local storage for the length of a capture.
-
-    A thread that exits with its capture still open would leave the recording mode on its torch
-    dispatch stack; torch's C++ thread-local destructor then releases that Python object after
-    the interpreter let go of the thread, which can abort the process ("terminate called
-    without an active exception"). Python clears a dying thread's thread-local storage on that
-    thread, with the GIL, before the C++ destructors run: this object's finaliser runs then and
-    takes the mode off the stack. The capture is invalidated (it cannot be ended by its thread
-    any more): ``capture_end()`` from another thread reports why, and ``reset()`` from any
-    thread drops it, after which the graph captures again.
-    """
-
-    __slots__ = ("capture",)
-
-    def __init__(self, capture: Any) -> None:
-        self.capture = weakref.ref(capture)
-
-    def __del__(self) -> None:
-        cap = self.capture()
-        # By identifier: at thread exit threading.current_thread() is no longer that thread.
-        if cap is None or cap.thread is None or cap.thread.ident != threading.get_ident():
-            return  # already gone
-        try:
-            if cap.over is None:
-                cap.invalidate("thread exit", CaptureError(
-                    f"thread {cap.thread.name!r} exited with its capture still open (capture_end() "
-                    f"was never called on it); the capture recorded nothing usable. Call reset() "
-                    f"and capture again, ending the capture on the thread that began it"))
-            remove_mode(cap.mode)
-        except Exception:  # a finaliser must not raise; the mode is what matters
-            pass
+__all__ = ["RecordingMode"]
 
 
 _COMPOSITE = torch._C.DispatchKey.CompositeImplicitAutograd

@@ -4,139 +4,29 @@ Whether an op may be captured, whether it is a view, functional or in-place, its
 shapes, strides, dtypes and device, and how replay will run it depend only on the op, its
 arguments' metadata (shape, stride, dtype, device and storage offset of tensors; type and value
 of everything else) and the default dtype. :func:`plan_for` works that out on the first call
-and caches it process-wide as a :class:`Plan`; recording (:mod:`.capture`) then only allocates
-outputs, notes inputs and records the step. A refused op raises
+(output metadata from :mod:`.op_meta`) and caches it process-wide as a :class:`Plan`;
+recording (:mod:`.capture`) then only allocates outputs, notes inputs and records the step. A refused op raises
 :class:`~accel_graph.errors.CaptureError` naming the calling line and is never cached, so the
 error always names the line that called it.
 """
 
 from __future__ import annotations
 
-import os
-import sys
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch._ops import OpOverload
 
 from ...errors import CaptureError
+from ..capture_common import collective_rules, illegal_ops
+from ..capture_common.frames import user_frame
+from ..capture_common.pytree import first_tensor, tree_flatten, tree_map
 from . import collectives, validate
 from . import ops as opinfo
-from .pytree import first_tensor, tree_flatten, tree_map
+from .op_meta import CACHE_MAX, op_key, run_meta
 
 _LIFT_FRESH = torch.ops.aten.lift_fresh.default
-_PKG_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
 _Tensor = torch.Tensor
-_LIST_TYPES = (list, tuple)
-_T = "T"
-
-#: Bound of the process-wide caches (output metadata, plans); a full cache starts afresh.
-_CACHE_MAX = 1 << 16
-
-
-def user_frame() -> str:
-    """``file:line in function`` of the innermost caller outside torch and accel_graph: the
-    user's line that an error about an op should name."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        fname = os.path.abspath(frame.f_code.co_filename)
-        if not (fname.startswith(_TORCH_DIR) or fname.startswith(_PKG_DIR)) or "/tests/" in fname:
-            return f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
-        frame = frame.f_back
-    return "<unknown>"
-
-
-# -- the op key ------------------------------------------------------------------------------
-def _key_of(x: Any) -> Any:
-    """Hashable metadata of an op argument (module level: a nested recursive function
-    would be a reference cycle per op)."""
-    if isinstance(x, _Tensor):
-        return (_T, x.shape, x.stride(), x.dtype, x.device, x.storage_offset())
-    if isinstance(x, _LIST_TYPES):
-        return tuple([_key_of(y) for y in x])
-    if isinstance(x, torch.Generator):
-        return "G"
-    # The type matters: x * 2 and x * 2.0 give different dtypes, yet 2 == 2.0.
-    return (x.__class__, x)
-
-
-def op_key(func: OpOverload, args: tuple, kwargs: dict) -> Any:
-    """The key of an op's metadata caches: the op, its arguments' metadata, the default dtype
-    (factories and Python numbers take it) and grad mode (a few kernels read it, see
-    :attr:`Plan.grad`). May be unhashable (callers catch TypeError)."""
-    if kwargs:
-        kw: Any = tuple(sorted([(n, _key_of(v)) for n, v in kwargs.items()]))
-    else:
-        kw = ()
-    return (func, tuple([_key_of(a) for a in args]), kw, torch.get_default_dtype(),
-            torch.is_grad_enabled())
-
-
-# -- output metadata -------------------------------------------------------------------------
-@dataclass
-class _MetaResult:
-    out: Any  # meta outputs (pytree), or a non-tensor value
-    aliases: tuple[int | None, ...] = field(default_factory=tuple)  # per flat output
-    real: bool = False  # from a real run on zero stand-ins (no meta kernel), not a meta kernel
-
-
-#: Output metadata by op key, shared by every capture in the process, so repeated layers and
-#: repeated captures (buckets) do not pay meta execution again.
-_META_CACHE: dict[Any, _MetaResult] = {}
-
-
-def _run_meta(func: OpOverload, args: tuple, kwargs: dict, key: Any) -> _MetaResult:
-    """Output metadata of ``func``: meta kernels first, zero stand-ins second, else refuse.
-
-    ``key`` is the op key (None: unhashable arguments, nothing cached)."""
-    if key is not None:
-        hit = _META_CACHE.get(key)
-        if hit is not None:
-            return hit
-    try:
-        result = _run_on(func, args, kwargs, "meta")
-    except Exception as meta_exc:  # no meta kernel: one run on zero-filled stand-ins
-        try:
-            result = _run_on(func, args, kwargs, "zeros")
-        except Exception as exc:
-            raise CaptureError(
-                f"cannot capture {func} (called at {user_frame()}): its output metadata could "
-                f"not be inferred (meta kernel: {meta_exc}; stand-in run: {exc}). Move this op "
-                f"out of the captured region or file an issue."
-            ) from exc
-    if key is not None:
-        if len(_META_CACHE) >= _CACHE_MAX:
-            _META_CACHE.clear()
-        _META_CACHE[key] = result
-    return result
-
-
-def _run_on(func: OpOverload, args: tuple, kwargs: dict, how: str) -> _MetaResult:
-    """Run ``func`` on stand-ins of its tensors (``how``: ``"meta"`` tensors, or zero-filled
-    ones of the same layout; never pool memory or user tensors) and note output aliasing."""
-    def convert(x: Any) -> Any:
-        return validate.standin(x, how)
-
-    m_args = tree_map(convert, args)
-    m_kwargs = tree_map(convert, kwargs)
-    if how == "meta" and "device" in m_kwargs:
-        m_kwargs["device"] = "meta"
-    with torch.no_grad():
-        out = func(*m_args, **m_kwargs)
-    in_storages = [
-        t.untyped_storage()._cdata for t in tree_flatten((m_args, m_kwargs))[0]
-        if isinstance(t, torch.Tensor)
-    ]
-    aliases = []
-    for o in tree_flatten(out)[0]:
-        if isinstance(o, torch.Tensor):
-            s = o.untyped_storage()._cdata
-            aliases.append(in_storages.index(s) if s in in_storages else None)
-    if how != "meta":  # the real output may hold memory: keep only its metadata
-        out = tree_map(lambda x: validate.standin(x, "meta"), out)
-    return _MetaResult(out, tuple(aliases), real=how != "meta")
 
 
 # -- plans -----------------------------------------------------------------------------------
@@ -198,17 +88,17 @@ def plan_for(func: OpOverload, args: tuple, kwargs: dict) -> Plan | None:
         key, plan = None, None
     if plan is not None:
         return plan
-    if collectives.is_collective(func):
+    if collective_rules.is_collective(func):
         plan = _plan_collective(func, args, kwargs, key)
         # Only functional collectives are cached: the c10d ops' arguments include script
         # objects made afresh on every call (the reduce op), which would never hit and would
         # keep each one alive; their plan costs nothing to make again.
         if key is not None and collectives.role(func) == collectives.ISSUE:
-            if len(_PLANS) >= _CACHE_MAX:
+            if len(_PLANS) >= CACHE_MAX:
                 _PLANS.clear()
             _PLANS[key] = plan
         return plan
-    reason = opinfo.illegal_reason(func, args, kwargs)
+    reason = illegal_ops.illegal_reason(func, args, kwargs)
     if reason is not None:
         raise CaptureError(
             f"{func} is not allowed during graph capture (called at {user_frame()}): {reason}."
@@ -216,16 +106,16 @@ def plan_for(func: OpOverload, args: tuple, kwargs: dict) -> Plan | None:
     if func is _LIFT_FRESH:
         return None
     tags = func.tags
-    if torch.Tag.inplace_view in tags or opinfo.is_observer(func):
+    if torch.Tag.inplace_view in tags or illegal_ops.is_observer(func):
         plan = Plan(RUN)
     elif func._schema.is_mutable:
         plan = _plan_mutation(func, args, kwargs, key)
-    elif opinfo.returns_host_value(func):
+    elif illegal_ops.returns_host_value(func):
         plan = Plan(RUN)
     else:
         plan = _plan_functional(func, args, kwargs, key)
     if key is not None:
-        if len(_PLANS) >= _CACHE_MAX:
+        if len(_PLANS) >= CACHE_MAX:
             _PLANS.clear()
         _PLANS[key] = plan
     return plan
@@ -235,7 +125,7 @@ def _plan_functional(func: OpOverload, args: tuple, kwargs: dict, key: Any,
                      real_check: bool = True) -> Plan:
     """``real_check=False``: trust the meta kernel (collectives: running one on stand-ins
     would issue it for real, on this rank alone)."""
-    meta = _run_meta(func, args, kwargs, key)
+    meta = run_meta(func, args, kwargs, key)
     flat_meta, _ = tree_flatten(meta.out)
     if flat_meta and all(a is not None for a in meta.aliases):
         return Plan(VIEW)
@@ -297,7 +187,7 @@ def _plan_functional(func: OpOverload, args: tuple, kwargs: dict, key: Any,
 
 def _plan_collective(func: OpOverload, args: tuple, kwargs: dict, key: Any) -> Plan:
     """A collective: refused by name, or planned by its role (see :mod:`.collectives`)."""
-    reason = collectives.refusal(func)
+    reason = collective_rules.refusal(func)
     if reason is not None:
         raise CaptureError(
             f"{func} is not allowed during graph capture (called at {user_frame()}): {reason}."
@@ -333,7 +223,7 @@ def _plan_mutation(func: OpOverload, args: tuple, kwargs: dict, key: Any) -> Pla
         return _plan_functional(func, args, kwargs, key)
     # Check that the op would not resize its outputs (out= with a wrong shape): replay
     # writes in place, so a resize at capture time cannot be replayed.
-    meta = _run_meta(func, args, kwargs, key)
+    meta = run_meta(func, args, kwargs, key)
     for t in _mutated_tensors(func, args, kwargs):
         if isinstance(t, torch.Tensor) and t.numel() == 0 and any(
             isinstance(m, torch.Tensor) and m.numel() for m in tree_flatten(meta.out)[0]

@@ -17,8 +17,8 @@ import torch
 
 from ...errors import ReplayError
 from . import collective_replay, collectives
-from .capture import InputRecord, Step
 from .pool_protocol import GraphPool, PoolRef
+from .steps import InputRecord, Step
 
 aten = torch.ops.aten
 

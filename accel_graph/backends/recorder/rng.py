@@ -48,9 +48,9 @@ import torch
 from torch._ops import OpOverload
 
 from ...errors import CaptureError
+from ..capture_common.frames import user_frame
+from ..capture_common.scoped_patch import ScopedPatch
 from . import hostflags
-from .plan import user_frame
-from .scoped_patch import ScopedPatch
 
 _Generator = torch.Generator
 _tls = threading.local()

@@ -34,7 +34,7 @@ import torch
 from torch._ops import OpOverload
 
 from ...errors import CaptureError
-from .pytree import first_tensor, tree_flatten, tree_map
+from ..capture_common.pytree import first_tensor, tree_flatten, tree_map
 
 
 def standin(x: Any, how: str) -> Any:

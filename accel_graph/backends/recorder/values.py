@@ -1,11 +1,11 @@
-"""Small value helpers of a capture: numbers pre-wrapped for interpreted replay, and the
-poison fill of fresh pool memory (debug captures)."""
+"""Numbers pre-wrapped for interpreted replay (the poison fill of fresh pool memory is
+:mod:`accel_graph.backends.capture_common.poison`)."""
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["poison", "prewrapped"]
+__all__ = ["prewrapped"]
 
 _Tensor = torch.Tensor
 
@@ -25,15 +25,3 @@ def prewrapped(args: tuple, fargs: tuple, positions: tuple[int, ...]) -> tuple:
         value = args[i]
         out[i] = torch.tensor(value, dtype=torch.result_type(first, value))
     return tuple(out)
-
-
-def poison(t: torch.Tensor) -> None:
-    """Fill ``t`` with a value no computation gives by chance (NaN, True, 0x5A...): a capture's
-    ``poison=True`` shows reads of pool memory nothing wrote."""
-    with torch.no_grad():
-        if t.is_floating_point() or t.is_complex():
-            t.fill_(float("nan"))
-        elif t.dtype == torch.bool:
-            t.fill_(True)
-        else:
-            t.fill_(-0x5A5A5A5A if t.dtype in (torch.int32, torch.int64) else 0x5A)

@@ -2,7 +2,7 @@
 
 Compiled replay keeps two caches (docs/recorder.md, "Handle lifetime and the compile cache"):
 
-- the process-wide module cache of :mod:`.compiled` (``program_key``): an identical program
+- the process-wide module cache of :mod:`.inductor` (:mod:`.program_key`): an identical program
   captured again in the same process compiles nothing;
 - Inductor's FX graph cache, on disk (``TORCHINDUCTOR_CACHE_DIR``): a program Inductor compiled
   before, in this process or another, loads its generated code instead of generating it again.
@@ -40,6 +40,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 __all__ = ["REUSE_KINDS", "merge_reuse", "static_kwargs", "static_tracing", "watch_fx_graph_cache"]
+
+# torch._inductor, torch._dynamo and torch._subclasses are imported inside the functions below,
+# on first use: importing them takes seconds, and most processes never compile. Each is
+# feature-detected there (torch 2.11 to 2.14 differ).
 
 #: ``compile_info()["reuse"]`` values: the process-wide module cache, Inductor's FX graph cache
 #: (code generated earlier, in this process or another, loaded from disk), or a fresh compile.

@@ -24,7 +24,8 @@ from . import replay_choice
 from .failures import compiler_hint, failure_reason, quiet_torch_errors
 from .first_run import FirstRun, undo_plan
 from .freezing import written_storages
-from .inductor import CompileUnsupported, compile_program
+from .fx_graph import CompileUnsupported
+from .inductor import compile_program
 from .policy import ReplayPolicy
 from .precision_casts import refusal as precision_refusal
 from .random_order import refusal as order_refusal

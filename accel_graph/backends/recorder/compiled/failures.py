@@ -18,7 +18,7 @@ import logging
 import threading
 from collections.abc import Iterator
 
-from .inductor import CompileUnsupported
+from .fx_graph import CompileUnsupported
 
 log = logging.getLogger("accel_graph")
 

@@ -29,10 +29,10 @@ from typing import Any
 import torch
 
 from ....errors import ReplayError
-from ..capture import Step
+from ...capture_common.pytree import tree_flatten
 from ..pool_protocol import GraphPool, PoolRef
 from ..program import CONTROL_KINDS
-from ..pytree import tree_flatten
+from ..steps import Step
 from .replay_choice import Extents, written_args
 
 __all__ = ["FirstRun", "UndoPlan", "undo_plan"]

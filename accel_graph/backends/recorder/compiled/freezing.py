@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
-from ..capture import Step
-from ..pytree import tree_flatten
+from ...capture_common.pytree import tree_flatten
+from ..steps import Step
 
 __all__ = ["FrozenConstants", "written_storages"]
 

@@ -1,13 +1,11 @@
 """Compiled replay: the recorded aten program handed to Inductor once, at instantiation.
 
-The program becomes an FX graph whose placeholders are the tensors captured by reference
-(inputs, parameters, constants) followed by the graph's static outputs; it keeps the view ops
-interpreted replay drops, so Inductor sees how every view relates to its base. The graph ends
-with ``copy_`` of each output value into its static output placeholder, which Inductor fuses
-into the kernel that produces it, and in-place writes to inputs become input mutations, which
-Inductor writes back into the caller's tensors. So compiled replay has the semantics of
-interpreted replay: inputs read and written in place, outputs in the same static memory.
-Inductor's own intermediates are allocated per call, outside the graph's pool.
+The program becomes an FX graph (:mod:`.fx_graph`) whose placeholders are the tensors captured
+by reference followed by the graph's static outputs, written with ``copy_``; in-place writes to
+inputs become input mutations, which Inductor writes back into the caller's tensors. So compiled
+replay has the semantics of interpreted replay: inputs read and written in place, outputs in the
+same static memory. Inductor's own intermediates are allocated per call, outside the graph's
+pool.
 
 Known traps, handled here: ``compile_fx`` mutates the GraphModule it is given (it gets one made
 for it, used for nothing else), its result is called unboxed although it says it is boxed, and
@@ -15,20 +13,19 @@ it needs a C++ compiler at run time (without one compilation fails and replay fa
 interpreted program, with the reason logged). The result is called unboxed (``f(*args)``). Random ops are compiled with
 ``fallback_random=True`` so draws equal eager's after the same seed.
 
-Compiled modules are cached process-wide by *program*, not by capture (:func:`program_key`): two
+Compiled modules are cached process-wide by *program*, not by capture (:mod:`.program_key`): two
 captures with the same ops, constants and input/output layout (shape, stride, dtype, device,
 storage offset, which placeholders share a storage, alignment) reuse one module, called with each
 graph's own tensors. Without it every capture/replay/reset cycle recompiled and torch's code cache
 kept every module (40-55 KB a cycle). The cache is an LRU of :data:`COMPILE_CACHE_SIZE` entries:
 an evicted module lives on in the graphs that use it and is compiled again when next needed.
 Across processes, Inductor's own FX graph cache on disk serves programs compiled before;
-``compile_info()["reuse"]`` says which cache served each program (:mod:`.compile_cache`).
+``compile_info()["reuse"]`` says which cache served each program (:mod:`.cache`).
 """
 
 from __future__ import annotations
 
 import logging
-import operator
 import threading
 import time
 from collections import OrderedDict
@@ -38,17 +35,15 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from .. import collectives
-from ..capture import InputRecord, Step
 from ..pool_protocol import GraphPool, PoolRef, refs_overlap
-from ..pytree import tree_map
+from ..steps import InputRecord, Step
 from . import settings as compile_settings
 from .cache import static_kwargs, static_tracing, watch_fx_graph_cache
 from .freezing import FrozenConstants
+from .fx_graph import build_fx
+from .program_key import program_key
 
 log = logging.getLogger("accel_graph")
-
-aten = torch.ops.aten
 
 # Inductor's compile_fx is not thread-safe (module-level config patching: two threads compiling
 # at once fail with "CURRENT_PATCHER is None"), and graphs captured in different threads are
@@ -63,265 +58,6 @@ COMPILE_CACHE_SIZE = 64
 # Guarded by _COMPILE_LOCK.
 _MODULES: OrderedDict[tuple, tuple[Any, list[Any], str]] = OrderedDict()
 _COUNTS = {"compiles": 0, "hits": 0}
-
-
-def _extent(ref: PoolRef) -> int:
-    """Bytes from ``ref.byte_offset`` to the end of the last element ``ref`` can address."""
-    if any(n == 0 for n in ref.shape):
-        return 0
-    return (sum((n - 1) * st for n, st in zip(ref.shape, ref.stride, strict=True)) + 1) * ref.dtype.itemsize
-
-
-def _same_elements_key(t: torch.Tensor) -> tuple:
-    """Equal for two tensors that address exactly the same elements the same way."""
-    return ("elements", t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(),
-            t.dtype, t.device, t.is_conj(), t.is_neg(), t.requires_grad)
-
-
-class CompileUnsupported(Exception):
-    """The program has a shape the FX translation does not handle (falls back, logged)."""
-
-
-def build_fx(steps: list[Step], outputs: list[PoolRef], frozen: FrozenConstants | None = None
-             ) -> tuple[fx.Graph, list[torch.Tensor], list[PoolRef]]:
-    """The FX graph of a captured program.
-
-    Returns the graph (a plain ``fx.Graph``: wrapping it in a GraphModule generates Python source
-    that torch.fx keeps in its loader and ``linecache`` forever, about 0.8 KB a module, so that is
-    done only when Inductor must compile it), the tensors captured by reference (its leading placeholders, in
-    order) and the output locations (its trailing placeholders, written with ``copy_``). Among the
-    leading placeholders, pool locations no step of this program produced (outputs of an earlier
-    graph in a shared pool) appear as their :class:`PoolRef`; the caller materializes them.
-    With ``frozen``, the tensors it accepts (:mod:`.freezing`) become ``get_attr`` constants
-    instead of placeholders, collected in ``frozen.tensors``.
-    """
-    graph = fx.Graph()
-    ext_nodes: dict[int, fx.Node] = {}
-    ext_tensors: list[Any] = []  # tensors captured by reference, and PoolRefs of pool inputs
-    by_ref: dict[PoolRef, fx.Node] = {}
-    pool_inputs: dict[PoolRef, fx.Node] = {}
-    # Whole allocations of this program, newest last: bases for views we never saw (in-place
-    # view ops such as t_() and unsqueeze_() are not recorded).
-    allocations: dict[tuple[int, int], tuple[PoolRef, fx.Node]] = {}
-
-    placeholders: list[fx.Node] = []
-
-    def external(t: torch.Tensor) -> fx.Node:
-        node = ext_nodes.get(id(t))
-        if node is None:
-            # Two tensor objects over the very same elements (two equal views kept alive) are
-            # one placeholder: as two, AOT autograd did not order a read of one after an
-            # in-place write through the other (compiled replay read the written value).
-            node = ext_nodes.get(_same_elements_key(t))
-            if node is not None:
-                ext_nodes[id(t)] = node
-        if node is None and frozen is not None:
-            name = frozen.add(t)
-            if name is not None:
-                node = ext_nodes[id(t)] = graph.get_attr(name)
-        if node is None:
-            node = graph.placeholder(f"in{len(ext_tensors)}")
-            ext_nodes[id(t)] = ext_nodes[_same_elements_key(t)] = node
-            placeholders.append(node)
-            ext_tensors.append(t)
-        return node
-
-    def resolve(ref: PoolRef) -> fx.Node:
-        node = by_ref.get(ref)
-        if node is not None:
-            return node
-        # The newest allocation that contains every byte ``ref`` addresses: an older one at an
-        # overlapping place died before the newer one took its memory.
-        for (seg, off), (base_ref, base_node) in reversed(allocations.items()):
-            itemsize = base_ref.dtype.itemsize
-            if seg != ref.segment or off > ref.byte_offset:
-                continue
-            if ref.byte_offset + _extent(ref) > off + _extent(base_ref):
-                continue
-            delta = ref.byte_offset - off
-            if base_ref.dtype != ref.dtype or delta % itemsize:
-                raise CompileUnsupported(f"pool location {ref} reinterprets {base_ref}")
-            return graph.call_function(
-                aten.as_strided.default, (base_node, list(ref.shape), list(ref.stride), delta // itemsize)
-            )
-        # Produced by no step here: memory of an earlier graph in the same pool, read (or
-        # written) in place like a tensor captured by reference.
-        node = pool_inputs.get(ref)
-        if node is None:
-            node = graph.placeholder(f"in{len(ext_tensors)}")
-            pool_inputs[ref] = node
-            placeholders.append(node)
-            ext_tensors.append(ref)
-        return node
-
-    def arg(x: Any) -> Any:
-        if isinstance(x, PoolRef):
-            return resolve(x)
-        if isinstance(x, torch.Tensor):
-            return external(x)
-        if isinstance(x, torch.Generator):
-            raise CompileUnsupported(
-                "a random op draws from an explicit generator (generator=...), which an FX graph "
-                "cannot carry as an argument")
-        return x
-
-    for step in steps:
-        if step.kind == "host":
-            raise CompileUnsupported(
-                f"{step.func}: a generator-state step ({step.strategy.why if step.strategy else 'host call'}) "
-                f"is a Python call between kernels, which an FX graph cannot order against Inductor's "
-                f"random kernels")
-        if step.kind in ("cond", "while"):  # segmented.py runs these between compiled stretches
-            raise CompileUnsupported(
-                f"control flow ({step.func}) is replayed by the interpreter: its predicate is read "
-                f"on the host at replay"
-            )
-        if step.grad:
-            # Inductor runs the kernel as its meta kernel describes it, and not under the grad
-            # mode this kernel's outputs depend on (mkldnn_rnn_layer's workspace with grad on).
-            raise CompileUnsupported(f"{step.func} depends on grad mode, which Inductor does not keep")
-        args = tree_map(arg, step.args)
-        kwargs = tree_map(arg, step.kwargs)
-        if step.kind == "collective":
-            _collective_node(graph, step, args, kwargs, by_ref, allocations)
-            continue
-        if step.kind == "mutate":
-            graph.call_function(step.func, tuple(args), kwargs)
-            continue
-        func = step.func
-        if func is aten.lift_fresh.default:
-            # A constant made in the capture (torch.tensor(...)): lift_fresh returns its argument,
-            # the private source copy, which in-place writes to the constant would then change
-            # for every later replay. Interpreted replay refills the constant with copy_(); so do we.
-            func = aten.clone.default
-        node = graph.call_function(func, tuple(args), kwargs)
-        n_results = len(step.func._schema.returns)
-        is_list = n_results == 1 and isinstance(step.func._schema.returns[0].type, torch.ListType)
-        for pos, out in zip(step.positions, step.outputs):
-            value = node if (n_results == 1 and not is_list) else graph.call_function(operator.getitem, (node, pos))
-            if isinstance(out, PoolRef):
-                by_ref[out] = value
-                if step.kind != "view":
-                    key = (out.segment, out.byte_offset)
-                    allocations.pop(key, None)  # re-inserted last: the newest at this place
-                    allocations[key] = (out, value)
-            else:  # a view of an input, made during capture
-                ext_nodes[id(out)] = value
-    out_nodes = []
-    for ref in outputs:
-        value = resolve(ref)
-        static = graph.placeholder(f"out{len(out_nodes)}")
-        graph.call_function(aten.copy_.default, (static, value))
-        out_nodes.append(static)
-    # Placeholders must lead the graph, inputs first then outputs, in the order of the call.
-    anchor = next((n for n in graph.nodes if n.op != "placeholder"), None)
-    if anchor is not None:
-        for n in placeholders + out_nodes:
-            anchor.prepend(n)
-    graph.output(())
-    graph.lint()
-    return graph, ext_tensors, outputs
-
-
-def _collective_node(graph: fx.Graph, step: Step, args: Any, kwargs: Any,
-                     by_ref: dict[PoolRef, fx.Node], allocations: dict) -> None:
-    """A collective as Inductor expects it: a functional op, then ``wait_tensor`` of each result.
-    c10d in-place ops (``dist.all_reduce``, ...; their process group is a script object Inductor
-    does not take) become their functional twin plus a ``copy_`` back into the tensor they
-    mutate, where :func:`.collectives.as_functional` knows one; others are not compiled."""
-    functional = collectives.as_functional(step.func, args, kwargs)
-    if functional is not None:
-        # An in-place c10d op as its functional twin, waited for and copied back into the
-        # tensor it mutates (AOT functionalization refuses the in-place functional ops).
-        op, fargs, target = functional
-        value = graph.call_function(torch.ops._c10d_functional.wait_tensor.default,
-                                    (graph.call_function(op, fargs),))
-        graph.call_function(aten.copy_.default, (target, value))
-        return
-    if collectives.role(step.func) != collectives.ISSUE:
-        raise CompileUnsupported(
-            f"{step.func} is an in-place collective without a functional equivalent here (only "
-            f"single-tensor all_reduce, broadcast, all_gather_into_tensor and "
-            f"reduce_scatter_tensor are translated); use the functional collectives "
-            f"(torch.distributed._functional_collectives) for compiled replay"
-        )
-    wait = torch.ops._c10d_functional.wait_tensor.default
-    node = graph.call_function(step.func, tuple(args), kwargs)
-    single = isinstance(step.func._schema.returns[0].type, torch.TensorType)
-    for pos, out in zip(step.positions, step.outputs):
-        value = node if single else graph.call_function(operator.getitem, (node, pos))
-        value = graph.call_function(wait, (value,))
-        by_ref[out] = value
-        key = (out.segment, out.byte_offset)
-        allocations.pop(key, None)
-        allocations[key] = (out, value)
-
-
-def _leaf_key(x: Any, keep: list[Any]) -> Any:
-    """An exact, hashable key for one constant of the FX graph.
-
-    Numbers carry their type (``1``, ``1.0`` and ``True`` differ) and floats their bits (``-0.0``
-    and ``nan`` compare as themselves); dtypes, devices, layouts and memory formats are hashable
-    values; any other object (a generator, an opaque constant) is keyed by identity and kept
-    alive, so two programs share a module only if they name the very same object.
-    """
-    if x is None or isinstance(x, (bool, int, str)):
-        return (type(x), x)
-    if isinstance(x, float):
-        return (float, x.hex())
-    if isinstance(x, complex):
-        return (complex, x.real.hex(), x.imag.hex())
-    if isinstance(x, (torch.dtype, torch.device, torch.layout, torch.memory_format)):
-        return (type(x), x)
-    if isinstance(x, (list, tuple)):
-        return (type(x), tuple(_leaf_key(y, keep) for y in x))
-    if isinstance(x, dict):
-        return (dict, tuple((k, _leaf_key(v, keep)) for k, v in x.items()))
-    keep.append(x)
-    return ("id", id(x))
-
-
-def _graph_key(graph: fx.Graph, keep: list[Any]) -> tuple:
-    """The FX graph as a hashable value: every node's op, target and arguments, with nodes named
-    by their position (names are positional already, but positions make it explicit)."""
-    index: dict[fx.Node, int] = {}
-    out = []
-
-    def arg(x: Any) -> Any:
-        if isinstance(x, fx.Node):
-            return ("node", index[x])
-        if isinstance(x, (list, tuple)):
-            return (type(x), tuple(arg(y) for y in x))
-        if isinstance(x, dict):
-            return (dict, tuple((k, arg(v)) for k, v in x.items()))
-        return _leaf_key(x, keep)
-
-    for i, node in enumerate(graph.nodes):
-        index[node] = i
-        target = node.target if node.op != "placeholder" else None
-        out.append((node.op, target, arg(node.args), arg(node.kwargs)))
-    return tuple(out)
-
-
-def _tensor_key(t: torch.Tensor, storages: dict[int, int]) -> tuple:
-    """What Inductor and AOT autograd may specialize a placeholder on: its metadata, its
-    alignment, and which other placeholders share its storage and where (aliasing decides how
-    input mutations are written back)."""
-    storage = t.untyped_storage()
-    sid = storages.setdefault(storage.data_ptr(), len(storages))
-    return (
-        type(t), t.dtype, t.device, t.layout, tuple(t.shape), t.stride(), t.storage_offset(),
-        sid, storage.nbytes(), storage.data_ptr() % 64, t.requires_grad, t.is_conj(), t.is_neg(),
-    )
-
-
-def program_key(graph: fx.Graph, example: list[torch.Tensor]) -> tuple[tuple, list[Any]]:
-    """The cache key of a compiled program: its FX graph (ops and constants) and the layout of
-    every placeholder. Equal keys compile to interchangeable modules. Returns the key and the
-    objects it names by identity (to be kept alive while the key is cached)."""
-    keep: list[Any] = []
-    storages: dict[int, int] = {}
-    return (_graph_key(graph, keep), tuple(_tensor_key(t, storages) for t in example)), keep
 
 
 def compile_cache_info() -> dict[str, int]:
@@ -343,8 +79,10 @@ def _compiled_module(graph: fx.Graph, example: list[torch.Tensor], frozen: Froze
     """The Inductor module for ``graph`` at ``example``'s layout (and ``frozen``'s constants, the
     ``get_attr`` targets of ``graph``), from the cache or compiled now. Returns ``(module, hit,
     attempt, reuse)``: ``attempt`` says which compile worked, ``reuse`` where the module came from
-    (:func:`.compile_cache.watch_fx_graph_cache`; ``{"reuse": "in-process"}`` for a hit here).
+    (:func:`.cache.watch_fx_graph_cache`; ``{"reuse": "in-process"}`` for a hit here).
     Compilations take turns (module docstring); a failure is not cached."""
+    # Imported on first compile: Inductor takes seconds to import, and most processes never
+    # compile (looked up per call, so a test can stand in for compile_fx).
     from torch._inductor import config as inductor_config
     from torch._inductor.compile_fx import compile_fx
 
@@ -451,7 +189,7 @@ def compile_program(
         "compile_s": compile_s,
         "cache": "hit" if hit else "miss",
         # Where the module came from: this process's module cache, Inductor's FX graph cache on
-        # disk (compiled before, also by another process), or a fresh compile (.compile_cache).
+        # disk (compiled before, also by another process), or a fresh compile (.cache).
         "reuse": reuse["reuse"],
         "fx_graph_cache": reuse["fx_graph_cache"],
         "attempt": attempt,

@@ -24,10 +24,14 @@ from typing import Any
 
 import torch
 
-from ..capture import Step
 from ..pool_protocol import PoolRef
+from ..steps import Step
 
 __all__ = ["LOW_PRECISION", "cpu_codegen_keeps_casts", "program_steps", "refusal"]
+
+# torch._inductor is imported inside the functions below, on first use: importing it takes
+# seconds, and most processes never compile. Each import is feature-detected there (torch
+# 2.11 to 2.14 differ).
 
 #: The float dtypes whose intermediate rounding Inductor may elide.
 LOW_PRECISION = (torch.float16, torch.bfloat16)

@@ -25,10 +25,14 @@ from typing import Any
 
 import torch
 
-from ..capture import Step
+from ..steps import Step
 from .precision_casts import program_steps
 
 __all__ = ["DRAWS_DIFFER", "decomposed_with_other_draws", "ordering_settings", "refusal", "torch_chains_random_ops"]
+
+# torch._inductor is imported inside the functions below, on first use: importing it takes
+# seconds, and most processes never compile. Each import is feature-detected there (torch
+# 2.11 to 2.14 differ).
 
 
 @functools.cache

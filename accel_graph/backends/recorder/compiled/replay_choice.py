@@ -36,10 +36,10 @@ from typing import Any
 import torch
 from torch._ops import OpOverload
 
+from ...capture_common.pytree import tree_flatten
 from .. import rng
-from ..capture import Step
 from ..pool_protocol import PoolRef, storage_bytes
-from ..pytree import tree_flatten
+from ..steps import Step
 
 #: Share of the compile time that timing at instantiation may take, and its floor and cap
 #: (seconds): a cache hit compiles in milliseconds but still gets the floor, enough for a few

@@ -23,9 +23,9 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from ..capture import InputRecord, Step
 from ..pool_protocol import GraphPool, PoolRef, refs_overlap
 from ..program import build_replay, materialize
+from ..steps import InputRecord, Step
 from .cache import merge_reuse
 from .control_flow import (
     allocations,

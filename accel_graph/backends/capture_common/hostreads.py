@@ -2,7 +2,7 @@
 
 A tensor made inside a capture holds no value yet (its kernels run at replay), so reading it on
 the host returns whatever the pool memory held. ``.item()``, ``bool(t)``, ``int(t)`` reach the
-dispatcher as ``aten::_local_scalar_dense`` and are refused there (:mod:`.ops`), but several
+dispatcher as ``aten::_local_scalar_dense`` and are refused there (:mod:`.illegal_ops`), but several
 reads never dispatch an aten op that reads data: ``Tensor.tolist()`` walks the storage in C,
 ``numpy()`` / ``__array__`` (``numpy.asarray(t)``) hand the memory to numpy after a ``detach``,
 ``repr``/``str``/``print``/f-strings format with every dispatch mode switched off, and pickling
@@ -14,7 +14,7 @@ capturing thread, each of these methods on a tensor of the capture's device rais
 illegal op). On the CPU the host is the device, so every CPU tensor counts.
 
 The methods are wrapped on ``torch.Tensor`` only while some capture is underway (a count, as the
-generator interception of :mod:`.rng`); other threads and other devices pass straight through.
+generator interception of :mod:`accel_graph.backends.recorder.rng`); other threads and other devices pass straight through.
 Also let through: ``repr``/``format`` called from torch's own code, which words an error it is
 about to raise with the tensor (``torch.cond``'s bad-predicate message). Not intercepted:
 ``__dlpack__`` (an export of the memory, not a read: the consumer may be

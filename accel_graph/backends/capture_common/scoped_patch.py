@@ -1,7 +1,8 @@
 """Patches that exist only while some capture is underway, counted across threads.
 
 The recorder intercepts a few Python-level APIs the dispatcher never sees (host reads of
-tensors, :mod:`.hostreads`; generator state and ``set_flush_denormal``, :mod:`.rng`). Eager code
+tensors, :mod:`.hostreads`; generator state and ``set_flush_denormal``,
+:mod:`accel_graph.backends.recorder.rng`). Eager code
 must not pay for that, so each interception is installed when the first capture of the process
 begins and removed when the last one ends, whichever threads they run on. :class:`ScopedPatch`
 is that reference count; the modules supply only how to install and remove their patches.
