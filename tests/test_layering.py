@@ -28,7 +28,8 @@ ROOT = Path(__file__).resolve().parents[1] / "accel_graph"
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("accel_graph._lazy", "accel_graph.errors", "accel_graph.config", "accel_graph.tolerances",
      "accel_graph.gc_pause", "accel_graph.compile_options"),
-    ("accel_graph.allocator.units", "accel_graph.allocator.alloc_conf"),
+    ("accel_graph.allocator.units", "accel_graph.allocator.alloc_conf",
+     "accel_graph.allocator.devices"),
     ("accel_graph.allocator.traces",),
     ("accel_graph.allocator.core",),
     ("accel_graph.allocator.sim",),

@@ -8,9 +8,10 @@
 from __future__ import annotations
 
 from ...errors import ConfigError
+from ..devices import config_dialect
 from .numbers import SEPARATORS, Malformed, is_pow2
 from .rules import NEWEST_RULES, RULES, ParserRules, rules_for
-from .settings import DEVICES, MIB, SIZE_MAX, AllocatorSettings
+from .settings import MIB, SIZE_MAX, AllocatorSettings
 from .tokens import TokenWalk
 
 __all__ = ["CORE_KEYS", "CUDA_KEYS", "ConfigParser", "parse_config"]
@@ -27,6 +28,7 @@ class ConfigParser(TokenWalk):
     def __init__(self, text: str, device: str, rules: ParserRules | None = None) -> None:
         super().__init__(text, device)
         self.rules = rules_for(rules)
+        self.dialect = config_dialect(device)
 
     # -- the core (AcceleratorAllocatorConfig) keys
     def parse_large_segment(self, i: int) -> int:
@@ -80,7 +82,7 @@ class ConfigParser(TokenWalk):
             i += 1
         self.values["max_non_split_rounding_size"] = self.values["large_segment_size"]
         known = set(self.rules.core_keys)
-        if self.device in ("cuda", "hip"):
+        if self.dialect.cuda_hook:
             known.update(self.rules.cuda_keys)
         i = 0
         while i < n:
@@ -102,7 +104,7 @@ class ConfigParser(TokenWalk):
                   and key in self.rules.core_keys):  # torch 2.11 does not know them
                 i = self.parse_pinned_mb(i, key, key[: -len("_mb")])
             else:
-                if self.device != "cpu" and key not in known:
+                if self.dialect.refuses_unknown_keys and key not in known:
                     raise self.unrecognized(key)
                 i = self.skip_key(i)
             if i + 1 < n:
@@ -111,7 +113,7 @@ class ConfigParser(TokenWalk):
 
     def unrecognized(self, key: str) -> ConfigError:
         keys = list(self.rules.core_keys) + (
-            list(self.rules.cuda_keys) if self.device in ("cuda", "hip") else []
+            list(self.rules.cuda_keys) if self.dialect.cuda_hook else []
         )
         hint = " (a stray separator where a key was expected)" if key in SEPARATORS else ""
         err = ConfigError(
@@ -131,16 +133,13 @@ class ConfigParser(TokenWalk):
             if key == "backend":
                 self.check(i + 1, ":")
                 i += 2
-                options = ("native", "cudaMallocAsync")
-                message = "Unknown allocator backend, options are native and cudaMallocAsync"
-                if self.device == "hip":
-                    options += ("hipMallocAsync",)
-                    message = (
-                        "Unknown allocator backend, options are native, cudaMallocAsync, "
-                        "and hipMallocAsync"
-                    )
+                options = self.dialect.backends
                 if self.tok(i) not in options:
-                    raise self.error(message)
+                    # torch's words: "a and b", or "a, b, and c"
+                    *first, last = options
+                    listed = (f"{first[0]} and {last}" if len(first) == 1
+                              else f"{', '.join(first)}, and {last}")
+                    raise self.error(f"Unknown allocator backend, options are {listed}")
                 self.values["backend"] = self.tok(i)
             elif key in ("release_lock_on_cudamalloc", "release_lock_on_hipmalloc"):
                 i = self.parse_bool(i, key, "release_lock_on_cudamalloc")
@@ -191,7 +190,7 @@ class ConfigParser(TokenWalk):
         self.values["large_segment_size"] = 20 * MIB
         try:
             self.core_pass()
-            if self.device in ("cuda", "hip"):
+            if self.dialect.cuda_hook:
                 self.device_pass()
         except Malformed as e:
             raise self.malformed(e.args[0]) from None
@@ -213,6 +212,5 @@ def parse_config(
     """
     if not isinstance(text, str):
         raise ConfigError(f"an allocator config must be a str, got {type(text).__name__}")
-    if device not in DEVICES:
-        raise ConfigError(f"device must be one of {', '.join(DEVICES)}; got {device!r}")
+    config_dialect(device)  # raises ConfigError naming the devices
     return ConfigParser(text, device, rules_for(torch)).run()

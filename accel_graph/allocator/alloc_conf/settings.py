@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ...errors import ConfigError
+from ..devices import CONFIG_DIALECTS
 from ..units import MIB
 from .numbers import SIZE_MAX
 from .tokens import ROUNDUP_INTERVALS, read_roundup_list
@@ -21,7 +22,8 @@ __all__ = [
     "AllocatorSettings",
 ]
 
-DEVICES = ("cuda", "hip", "xpu", "cpu")
+#: ``parse_config``'s device vocabulary: the config dialects of :mod:`accel_graph.allocator.devices`.
+DEVICES: tuple[str, ...] = tuple(CONFIG_DIALECTS)
 #: Read in this order; the first one set (even to "") is used whole, the others are ignored.
 CONFIG_VARIABLES = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
 

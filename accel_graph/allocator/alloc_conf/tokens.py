@@ -11,6 +11,7 @@ needs the other.
 from __future__ import annotations
 
 from ...errors import ConfigError
+from ..devices import CONFIG_DIALECTS
 from .numbers import SEPARATORS, Malformed, NumberError, is_pow2, stod, stoull, tokenize
 
 __all__ = ["ROUNDUP_INTERVALS", "TokenWalk", "legal_values", "read_roundup_list"]
@@ -39,8 +40,10 @@ _SYNTAX = "entries are key:value separated by ',', list values are [a:b,c:d]"
 
 
 def legal_values(key: str, device: str) -> str:
-    if key == "backend" and device == "hip":
-        return "native, cudaMallocAsync or hipMallocAsync"
+    dialect = CONFIG_DIALECTS.get(device)
+    if key == "backend" and dialect is not None and dialect.backends:
+        *first, last = dialect.backends
+        return f"{', '.join(first)} or {last}"
     return _LEGAL.get(key, _BOOL_LEGAL)
 
 
