@@ -6,7 +6,6 @@ are loaded on first use.
 
 from typing import TYPE_CHECKING
 
-from ._lazy import lazy_exports
 from .errors import (
     AccelGraphError,
     BackendUnavailable,
@@ -16,22 +15,23 @@ from .errors import (
     PoolError,
     ReplayError,
 )
-from .torch_support import UnsupportedTorchWarning, warn_if_unverified
+from .foundation.lazy import lazy_exports
+from .foundation.torch_support import UnsupportedTorchWarning, warn_if_unverified
 
 if TYPE_CHECKING:
     from .backends import current_backend, get_backend
-    from .capturable import check_capturable
-    from .compile_options import CompileOptions
     from .errors import OutOfMemoryError
-    from .frontend import (
+    from .foundation.compile_options import CompileOptions
+    from .graphs.capturable import check_capturable
+    from .graphs.graph import (
         EmptyGraphWarning,
         Graph,
         graph,
         graph_pool_handle,
         is_current_stream_capturing,
     )
-    from .graphed_callables import make_graphed_callables
-    from .hooks import (
+    from .graphs.graphed_callables import make_graphed_callables
+    from .graphs.hooks import (
         register_graph_capture_end_hook,
         register_graph_capture_start_hook,
         register_graph_destroy_hook,
@@ -46,21 +46,21 @@ if TYPE_CHECKING:
 _LAZY: dict[str, str] = {
     "current_backend": ".backends",
     "get_backend": ".backends",
-    "check_capturable": ".capturable",
-    "CompileOptions": ".compile_options",
+    "check_capturable": ".graphs.capturable",
+    "CompileOptions": ".foundation.compile_options",
     "OutOfMemoryError": ".errors",
-    "EmptyGraphWarning": ".frontend",
-    "Graph": ".frontend",
-    "graph": ".frontend",
-    "graph_pool_handle": ".frontend",
-    "is_current_stream_capturing": ".frontend",
-    "make_graphed_callables": ".graphed_callables",
-    "register_graph_capture_end_hook": ".hooks",
-    "register_graph_capture_start_hook": ".hooks",
-    "register_graph_destroy_hook": ".hooks",
-    "register_graph_instantiate_hook": ".hooks",
-    "register_graph_replay_end_hook": ".hooks",
-    "register_graph_replay_start_hook": ".hooks",
+    "EmptyGraphWarning": ".graphs.graph",
+    "Graph": ".graphs.graph",
+    "graph": ".graphs.graph",
+    "graph_pool_handle": ".graphs.graph",
+    "is_current_stream_capturing": ".graphs.graph",
+    "make_graphed_callables": ".graphs.graphed_callables",
+    "register_graph_capture_end_hook": ".graphs.hooks",
+    "register_graph_capture_start_hook": ".graphs.hooks",
+    "register_graph_destroy_hook": ".graphs.hooks",
+    "register_graph_instantiate_hook": ".graphs.hooks",
+    "register_graph_replay_end_hook": ".graphs.hooks",
+    "register_graph_replay_start_hook": ".graphs.hooks",
     "GraphRunner": ".runner",
     "suggest_buckets": ".runner",
 }

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import accel_graph
-from accel_graph.compile_options import CompileOptions, parse_compile_options
 from accel_graph.errors import ConfigError
+from accel_graph.foundation.compile_options import CompileOptions, parse_compile_options
 
 
 def test_defaults_and_values() -> None:

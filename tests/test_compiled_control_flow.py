@@ -14,7 +14,7 @@ import torch
 from torch._higher_order_ops import while_loop
 
 import accel_graph
-from accel_graph.backends.recorder import compiled_choice
+from accel_graph.backends.recorder.compiled import choice as compiled_choice
 from accel_graph.models import Decoder, DecoderConfig
 
 

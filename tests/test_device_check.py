@@ -193,7 +193,7 @@ def test_control_flow_child_runs_end_to_end_with_the_recorder_standing_in(
     import contextlib
 
     from accel_graph.backends import select_backend
-    from accel_graph.backends.native_cf_support import ControlFlowSupport
+    from accel_graph.backends.native.control_flow_support import ControlFlowSupport
 
     if torch.cuda.is_available():
         pytest.skip("a GPU is present: the row runs for real in tools/device_check.py")

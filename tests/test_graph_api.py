@@ -1,5 +1,5 @@
 """accel_graph.Graph mirrors torch.accelerator.Graph (2.12+) member for member; intended
-differences are the one table accel_graph.torch_api.GRAPH_API_DIFFERENCES, rendered in
+differences are the one table accel_graph.graphs.torch_api.GRAPH_API_DIFFERENCES, rendered in
 docs/torch-api.md. The drift checks introspect the installed torch (2.13 and 2.14.1 in CI)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 import accel_graph
 from accel_graph import ConfigError, Graph
 from accel_graph.backends.base import PoolHandle
-from accel_graph.torch_api import (
+from accel_graph.graphs.torch_api import (
     ACCELERATOR_GRAPH,
     CUDA_GRAPH,
     GRAPH_API_DIFFERENCES,
@@ -146,7 +146,7 @@ def test_docs_table_matches_the_code_table() -> None:
         assert m, f"not a table row: {line!r}"
         rows[(m.group(1), m.group(2))] = m.group(3)
     assert rows == GRAPH_API_DIFFERENCES, (
-        "docs/torch-api.md disagrees with accel_graph.torch_api.GRAPH_API_DIFFERENCES; paste "
+        "docs/torch-api.md disagrees with accel_graph.graphs.torch_api.GRAPH_API_DIFFERENCES; paste "
         "differences_markdown() between the markers"
     )
     assert block.group(1) == differences_markdown()

@@ -1,4 +1,4 @@
-"""Graph lifecycle hooks (accel_graph.hooks, torch 2.14's register_graph_*_hook) on the recorder,
+"""Graph lifecycle hooks (accel_graph.graphs.hooks, torch 2.14's register_graph_*_hook) on the recorder,
 which runs on every torch in CI: when each event fires, with what, in which order, removal, and
 what a raising hook does (torch: swallowed, the rest still run)."""
 
@@ -189,7 +189,7 @@ def test_a_raising_hook_is_swallowed_and_the_rest_run(
     handles.append(accel_graph.register_graph_replay_start_hook(lambda g: after.append("ran")))
     x = torch.arange(3.0)
     try:
-        with caplog.at_level(logging.DEBUG, logger="accel_graph.hooks"):
+        with caplog.at_level(logging.DEBUG, logger="accel_graph.graphs.hooks"):
             g = Graph(device="cpu")
             y = capture(g, x)
             x.mul_(3)
@@ -280,7 +280,7 @@ def test_registering_a_non_callable_says_what_to_pass(event: str) -> None:
 
 
 def test_exports() -> None:
-    from accel_graph import hooks
+    from accel_graph.graphs import hooks
 
     for event in EVENTS:
         name = f"register_graph_{event}_hook"

@@ -8,7 +8,7 @@ import torch
 from torch._higher_order_ops import while_loop
 
 import accel_graph
-from accel_graph.backends.native_cf_support import torch_module
+from accel_graph.backends.native.control_flow_support import torch_module
 
 
 def _fn(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

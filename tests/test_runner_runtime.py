@@ -79,21 +79,22 @@ def test_graph_of_unknown_bucket_is_refused() -> None:
 
 
 def test_tolerances_live_in_layer_zero_and_testing_reexports_them() -> None:
+    import accel_graph.foundation.tolerances as tolerances
     import accel_graph.testing as testing
     import accel_graph.testing.tolerances as testing_tolerances
-    import accel_graph.tolerances as tolerances
 
     for name in tolerances.__all__:
         assert getattr(testing, name) is getattr(tolerances, name)
         assert getattr(testing_tolerances, name) is getattr(tolerances, name)
     assert callable(testing.assert_replay_matches) and callable(testing.compiled_replay)
     # Importing the L0 module pulls in nothing above L0 (the package face loads lazily).
-    code = ("import json, sys, accel_graph.tolerances; "
+    code = ("import json, sys, accel_graph.foundation.tolerances; "
             "print(json.dumps(sorted(m for m in sys.modules if m.startswith('accel_graph.'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     # torch_support: the package face's import-time version check (stdlib only, no torch import).
-    layer0 = {"accel_graph._lazy", "accel_graph.errors", "accel_graph.config", "accel_graph.tolerances",
-              "accel_graph.torch_support"}
+    layer0 = {"accel_graph.errors", "accel_graph.foundation", "accel_graph.foundation.lazy",
+              "accel_graph.foundation.config", "accel_graph.foundation.tolerances",
+              "accel_graph.foundation.torch_support"}
     assert set(json.loads(out.stdout)) <= layer0, out.stdout
 
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from accel_graph import torch_support
-from accel_graph.torch_support import VERIFIED, UnsupportedTorchWarning, release_of
+from accel_graph.foundation import torch_support
+from accel_graph.foundation.torch_support import VERIFIED, UnsupportedTorchWarning, release_of
 
 REPORT = (
     "import sys, warnings\n"

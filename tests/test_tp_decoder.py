@@ -62,8 +62,8 @@ def _tp_checks(rank: int, world: int, collective: str) -> dict[str, Any]:
     import torch.distributed as dist
 
     from accel_graph import GraphRunner
+    from accel_graph.foundation.tolerances import assert_close_for_dtype
     from accel_graph.models import greedy_generate
-    from accel_graph.tolerances import assert_close_for_dtype
 
     logging.getLogger("accel_graph").setLevel(logging.ERROR)
     torch.manual_seed(0)

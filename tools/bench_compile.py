@@ -79,7 +79,10 @@ def child_compile() -> dict[str, Any]:
     import torch
 
     import accel_graph as ag
-    from accel_graph.backends.recorder.compiled import clear_compile_cache, compile_cache_info
+    from accel_graph.backends.recorder.compiled.inductor import (
+        clear_compile_cache,
+        compile_cache_info,
+    )
 
     torch.set_num_threads(1)
     t0 = time.perf_counter()
@@ -180,7 +183,7 @@ def measure_cycles(n: int) -> dict[str, Any]:
     import torch
 
     import accel_graph as ag
-    from accel_graph.backends.recorder.compiled import compile_cache_info
+    from accel_graph.backends.recorder.compiled.inductor import compile_cache_info
 
     torch.set_num_threads(1)
     g, model, args = _capture_step()

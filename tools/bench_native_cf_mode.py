@@ -1,7 +1,7 @@
 """Benchmark: what the control-flow mode costs a native capture on the host.
 
 Every native capture (cuda, hip, xpu) runs its body under
-:class:`accel_graph.backends.native_control_flow.ControlFlowMode`, a Python dispatch mode that
+:class:`accel_graph.backends.native.control_flow.ControlFlowMode`, a Python dispatch mode that
 passes each op through (it acts only on torch.cond / torch.while_loop). On a GPU, capture time
 is host time: dispatching the ops. This measures the same host work on the CPU: one decode
 step of the bundled decoder, eager under ``torch.inference_mode`` (the baseline) against the same
@@ -28,8 +28,8 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from accel_graph.backends.native_cf_support import ControlFlowSupport
-from accel_graph.backends.native_control_flow import ControlFlowMode
+from accel_graph.backends.native.control_flow import ControlFlowMode
+from accel_graph.backends.native.control_flow_support import ControlFlowSupport
 from accel_graph.models import Decoder, DecoderConfig
 
 

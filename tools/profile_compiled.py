@@ -47,8 +47,8 @@ import torch
 from torch import nn
 
 import accel_graph
-from accel_graph.backends.recorder import compile_settings
-from accel_graph.backends.recorder.compiled import clear_compile_cache, compile_program
+from accel_graph.backends.recorder.compiled import settings as compile_settings
+from accel_graph.backends.recorder.compiled.inductor import clear_compile_cache, compile_program
 from accel_graph.bench.timing import hardware_info, interleaved_samples
 from accel_graph.models import Decoder, DecoderConfig
 

@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
             report["runs"].append(soak(name, make(), n, args.prewarm))
     report["load_average_end"] = _load()
     try:
-        from accel_graph.backends.recorder.compiled import compile_cache_info
+        from accel_graph.backends.recorder.compiled.inductor import compile_cache_info
 
         report["compile_cache"] = compile_cache_info()
     except ImportError:  # an older tree without the module cache

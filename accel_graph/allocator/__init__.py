@@ -17,7 +17,7 @@ from its own layer or lower ones; docs/architecture.md):
 
 from __future__ import annotations
 
-from .._lazy import lazy_exports
+from ..foundation.lazy import lazy_exports
 
 _LAZY: dict[str, str] = {
     "AllocatorSettings": ".alloc_conf",

@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
-from .. import config
 from ..errors import BackendUnavailable
+from ..foundation import config
 from .base import Backend, Capabilities, DeviceSpec, GraphImpl, PoolHandle, PoolStats
 from .presence import ALWAYS_PRESENT, accelerator_presence, build_label, count_devices
 

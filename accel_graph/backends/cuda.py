@@ -29,7 +29,7 @@ from .device_facts import (
     runtime_version,
     safe,
 )
-from .native import NativeGraphBackend
+from .native.backend import NativeGraphBackend
 from .nvidia_arch import PTX_JIT, UNSUPPORTED, ArchVerdict, arch_verdict
 
 __all__ = ["CudaBackend"]

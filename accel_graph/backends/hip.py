@@ -25,7 +25,7 @@ import torch
 from ..errors import BackendUnavailable
 from .base import DeviceSpec
 from .device_facts import cuda_device_name, cuda_devices, fact, read_text, runtime_version, safe
-from .native import NativeGraphBackend
+from .native.backend import NativeGraphBackend
 from .rocm import HipQuirk, parse_gfx_arch, parse_hip_version, quirks_for
 
 __all__ = ["HipBackend"]

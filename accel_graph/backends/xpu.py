@@ -25,7 +25,7 @@ import torch
 from ..errors import BackendUnavailable
 from .base import Capabilities
 from .device_facts import NOT_CHECKED_XPU, fact, safe
-from .native import NativeGraphBackend, begin_params
+from .native.backend import NativeGraphBackend, begin_params
 
 __all__ = ["XpuBackend", "accelerator_graph_class"]
 

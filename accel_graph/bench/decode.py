@@ -120,7 +120,7 @@ def _capture(
     """One capture of the decode step into a fresh CPU graph: ``(graph, output, seconds)``.
 
     With ``compile="inductor"`` the seconds include the compilation at instantiation."""
-    from ..frontend import Graph, graph
+    from ..graphs.graph import Graph, graph
 
     # The replay_compiled variant measures the compiled program: "auto" would keep the
     # interpreted one wherever it timed faster, and the row would measure that instead.

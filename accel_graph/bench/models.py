@@ -16,7 +16,7 @@ rounds of ``calls_per_round`` calls per variant, order shuffled per round), medi
 percentiles per call, never means. The number of rounds is the smaller of ``iters`` and what fits
 ``seconds`` per workload, from one probe call of each variant. Compile and capture costs are
 reported separately and never counted in the per-call numbers. Every output is compared with
-eager's within the per-dtype tolerance of :mod:`accel_graph.tolerances` (interpreted replay
+eager's within the per-dtype tolerance of :mod:`accel_graph.foundation.tolerances` (interpreted replay
 must also be bitwise equal) after timing. A variant that cannot be built is a row with a
 ``status`` and ``reason`` and no numbers; nothing is estimated. Schema: ``docs/benchmarks.md``.
 """
@@ -34,8 +34,8 @@ from typing import Any
 import torch
 
 from ..errors import BackendUnavailable
+from ..foundation.tolerances import tolerance_for
 from ..models import DecoderConfig, ResNet, ResNetConfig
-from ..tolerances import tolerance_for
 from .decode import prepare_decoder
 from .timing import hardware_info, interleaved_samples, load_avg, summarize_ns
 
@@ -150,7 +150,7 @@ def _replay_mode(g: Any) -> Any:
 def _setup_replay(w: _Workload, compile: str | None, row: dict[str, Any]) -> Callable[[], object] | None:
     """Capture the step (compiled at instantiation with ``compile``); fill ``row``'s setup keys.
     Returns the timed callable (``g.replay``), or None with ``row`` saying why."""
-    from ..frontend import Graph, graph
+    from ..graphs.graph import Graph, graph
 
     before = _fxgraph_counters()
     try:

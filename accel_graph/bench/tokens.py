@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from ..tolerances import tolerance_for
+from ..foundation.tolerances import tolerance_for
 
 __all__ = ["compare_greedy"]
 

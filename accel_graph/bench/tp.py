@@ -125,9 +125,9 @@ def tp_rank(rank: int, world: int, s: TPSettings) -> dict[str, Any]:
 
     import torch.distributed as dist
 
+    from ..foundation.tolerances import assert_close_for_dtype
     from ..models import Decoder, TPDecoder, greedy_generate
     from ..runner import GraphRunner
-    from ..tolerances import assert_close_for_dtype
 
     logging.getLogger("accel_graph").setLevel(logging.ERROR)  # the parent reports statuses
     torch.set_num_threads(s.threads)

@@ -96,7 +96,7 @@ def _sectioned_backends() -> list[type[Backend]]:
 
 
 def _torch_section() -> dict[str, Any]:
-    from ..torch_support import VERIFIED, is_verified
+    from ..foundation.torch_support import VERIFIED, is_verified
 
     v = torch.version
     return {
@@ -190,8 +190,8 @@ def _graph_apis() -> dict[str, Any]:
     """Graph-API presence read from the real torch modules, and what each native backend
     captures of torch.cond / torch.while_loop with them (``graph_apis`` in docs/doctor.md)."""
     from ..backends import registered_backends
-    from ..backends.native import NativeGraphBackend
-    from ..backends.native_cf_support import detect_support
+    from ..backends.native.backend import NativeGraphBackend
+    from ..backends.native.control_flow_support import detect_support
     from ..backends.torch_apis import graph_api_presence
 
     control_flow: dict[str, Any] = {}
@@ -286,8 +286,8 @@ def _plugin_status() -> dict[str, Any]:
 
 
 def _recorder(environ: Mapping[str, str]) -> dict[str, Any]:
-    from .. import config
     from ..backends import registered_backends, safe_probe
+    from ..foundation import config
 
     cls = registered_backends().get("recorder")
     reason = safe_probe(cls) if cls is not None else "not registered"

@@ -14,8 +14,8 @@ import torch
 import torch.utils._pytree as pytree
 
 from ..errors import AccelGraphError, CaptureError, ConfigError, OutOfMemoryError
-from ..frontend import Graph, graph
-from ..gc_pause import gc_paused
+from ..foundation.gc_pause import gc_paused
+from ..graphs.graph import Graph, graph
 from .group import CODE_FAILED, CODE_OK, CODE_RAISED, check_same_setup, exchange
 from .rows import rows_apply
 from .runtime import Bucket, RunnerRuntime

@@ -23,7 +23,7 @@ import torch.utils._pytree as pytree
 
 from ..backends import select_backend
 from ..errors import ConfigError
-from ..frontend import Graph
+from ..graphs.graph import Graph
 from .capture import capture_buckets, capture_lazily
 from .checked import check_due, checked_replay
 from .debug import debug_call
@@ -86,7 +86,7 @@ class GraphRunner:
         device: default: the device of the example inputs.
         compile, compile_options: passed to every :class:`~accel_graph.Graph` (``"inductor"``).
         verify: how many replays of each bucket are compared with eager at the padded shape,
-            under the per-dtype tolerances of :mod:`accel_graph.tolerances`: True (default) 2
+            under the per-dtype tolerances of :mod:`accel_graph.foundation.tolerances`: True (default) 2
             (the first replay and the second, which catches host values baked at capture
             that move with state, such as a cache length), an int N: replays 1, 2, 4, ...,
             2**(N-1); False or 0: none. A mismatch disables the bucket (its calls fall back).

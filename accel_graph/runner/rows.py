@@ -7,7 +7,7 @@ mixes the padded rows into the live ones, and the sliced result is silently wron
 replay with eager on the *same padded* inputs cannot see it (both mix the same padding), so a
 checked call whose live batch is smaller than its bucket also runs ``fn`` eagerly on the live
 rows alone and compares the replay's live rows with it, within the per-dtype tolerances of
-:mod:`accel_graph.tolerances` (a padded matmul is never bitwise equal to an unpadded one).
+:mod:`accel_graph.foundation.tolerances` (a padded matmul is never bitwise equal to an unpadded one).
 
 Skipped, and why:
 

@@ -27,7 +27,7 @@ from .state import StateTable
 
 if TYPE_CHECKING:
     from ..backends import Backend, DeviceSpec
-    from ..frontend import Graph
+    from ..graphs.graph import Graph
     from .group import GroupInfo
 
 __all__ = ["Bucket", "RunnerRuntime"]
@@ -182,7 +182,7 @@ class RunnerRuntime:
     compile_seconds: float = 0.0
 
     def __post_init__(self) -> None:
-        from ..compile_options import resolve_compile
+        from ..foundation.compile_options import resolve_compile
 
         # Bad compile=/compile_options fail here, not at the first (lazy) capture: the same
         # resolution and messages as Graph(...).

@@ -17,7 +17,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
-from ..tolerances import assert_close_for_dtype
+from ..foundation.tolerances import assert_close_for_dtype
 from .group import GroupInfo, agreed_diff
 
 __all__ = ["UndoLog", "compare"]

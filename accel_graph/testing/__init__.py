@@ -3,7 +3,7 @@
 - :mod:`accel_graph.testing.plugin`: the pytest plugin (``backend_name``/``device`` fixtures
   over every registered backend, the ``gpu`` marker).
 - :mod:`accel_graph.testing.tolerances`: how replay is compared with eager, per dtype (the
-  tolerances themselves live in :mod:`accel_graph.tolerances`);
+  tolerances themselves live in :mod:`accel_graph.foundation.tolerances`);
   :func:`assert_replay_matches` is bitwise under interpreted replay and within tolerances under
   compiled replay (``ACCEL_GRAPH_COMPILE=inductor``, the plugin's ``+inductor`` cases).
 - :func:`capture`: warm up, then capture a function the way real device-graph code does;

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..capturable import CapturabilityReport, check_capturable
+from ..graphs.capturable import CapturabilityReport, check_capturable
 
 __all__ = ["assert_capturable"]
 

@@ -39,10 +39,10 @@ from typing import Any
 import pytest
 import torch
 
-from .. import config
 from ..backends import BUILTIN_BACKENDS, get_backend, registered_backends, safe_probe
 from ..backends.base import Backend
 from ..backends.presence import accelerator_presence
+from ..foundation import config
 
 _OPTION = "--accel-graph-backend"
 _COMPILE_OPTION = "--accel-graph-compile"
@@ -313,7 +313,7 @@ def _fallback_report(reasons: list[str]) -> str:
 @pytest.fixture
 def make_graph(backend: Backend, device: torch.device) -> Callable[..., Any]:
     """``make_graph(**kwargs)``: a new ``accel_graph.Graph`` on the backend and device under test."""
-    from ..frontend import Graph
+    from ..graphs.graph import Graph
 
     def make(**kwargs: Any) -> Graph:
         g = Graph(device=device, **kwargs)

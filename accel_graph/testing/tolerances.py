@@ -2,7 +2,7 @@
 
 The per-dtype tolerances and the two comparisons (:data:`TOLERANCES`, :func:`tolerance_for`,
 :func:`assert_bitwise_equal`, :func:`assert_close_for_dtype`) live in
-:mod:`accel_graph.tolerances` (the foundation layer, so the runner can use them) and are
+:mod:`accel_graph.foundation.tolerances` (the foundation layer, so the runner can use them) and are
 re-exported here unchanged. This module adds what depends on the replay mode a test runs under:
 :func:`compiled_replay` and :func:`assert_replay_matches`, which picks bitwise equality under
 interpreted replay and the per-dtype tolerances under compiled replay, so one test body serves
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import config
-from ..tolerances import (
+from ..foundation import config
+from ..foundation.tolerances import (
     TOLERANCES,
     Tolerance,
     assert_bitwise_equal,

@@ -23,8 +23,12 @@ import torch
 import accel_graph
 from accel_graph import CaptureError
 from accel_graph.backends import get_backend
-from accel_graph.backends.native_cf_support import TORCH_MODULE, python_level_refusal, torch_module
-from accel_graph.backends.native_control_flow import ControlFlowMode
+from accel_graph.backends.native.control_flow import ControlFlowMode
+from accel_graph.backends.native.control_flow_support import (
+    TORCH_MODULE,
+    python_level_refusal,
+    torch_module,
+)
 from accel_graph.backends.recorder.modes import mode_stack
 
 from .fakes import (
@@ -433,7 +437,7 @@ def test_fake_cf_branch_writing_its_predicate_cannot_run_the_other_branch(
 
 def test_fake_cf_detection_never_raises(fake_cuda: FakeCudaModule) -> None:
     """Detection runs right after torch's capture began: an odd module refuses, never raises."""
-    from accel_graph.backends.native_cf_support import detect_support
+    from accel_graph.backends.native.control_flow_support import detect_support
 
     class Odd:
         def __getattr__(self, name: str) -> object:
@@ -484,7 +488,7 @@ def test_real_torch_while_node_api_matches_what_detection_asks_for() -> None:
     # them; where it does not (2.13), detection on the real torch.cuda gives that reason.
     import inspect
 
-    from accel_graph.backends.native_cf_support import WHILE_METHODS, detect_support
+    from accel_graph.backends.native.control_flow_support import WHILE_METHODS, detect_support
 
     api = torch_module()
     s = detect_support("cuda", "cuda", torch.cuda)

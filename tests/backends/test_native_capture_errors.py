@@ -13,9 +13,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from accel_graph.backends.native_capture_errors import as_capture_error
-from accel_graph.backends.native_cf_support import ControlFlowSupport
-from accel_graph.backends.native_control_flow import ControlFlowMode
+from accel_graph.backends.native.capture_errors import as_capture_error
+from accel_graph.backends.native.control_flow import ControlFlowMode
+from accel_graph.backends.native.control_flow_support import ControlFlowSupport
 from accel_graph.errors import CaptureError
 
 REFUSAL = ("CUDA error: operation not permitted when stream is capturing\nSearch for "
@@ -76,7 +76,7 @@ def test_a_dropped_capture_ends_on_the_stream_it_began_on() -> None:
     on the H200 fail. FAKE backend and graph: which stream is current at capture_end."""
     import contextlib
 
-    from accel_graph.backends.native_capture_errors import end_capture_quietly
+    from accel_graph.backends.native.capture_errors import end_capture_quietly
 
     current = ["default"]
     ended_on: list[str] = []

@@ -24,7 +24,7 @@ from accel_graph.backends.presence import accelerator_presence, build_label
 from accel_graph.backends.torch_apis import CONDITIONAL_NODES, GRAPH_HOOKS, graph_api_presence
 from accel_graph.backends.xpu import XpuBackend
 from accel_graph.cli import doctor
-from accel_graph.torch_support import release_of
+from accel_graph.foundation.torch_support import release_of
 
 DRIVER_ERROR = "CUDA driver initialization failed, you might not have a CUDA gpu."
 RELEASE = release_of(torch.__version__)

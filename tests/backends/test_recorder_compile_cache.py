@@ -17,8 +17,8 @@ import torch
 from torch import nn
 
 import accel_graph
-from accel_graph.backends.recorder.compile_cache import merge_reuse, watch_fx_graph_cache
-from accel_graph.backends.recorder.compiled import clear_compile_cache
+from accel_graph.backends.recorder.compiled.cache import merge_reuse, watch_fx_graph_cache
+from accel_graph.backends.recorder.compiled.inductor import clear_compile_cache
 
 ROOT = Path(__file__).resolve().parents[2]
 

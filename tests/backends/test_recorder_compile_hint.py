@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from accel_graph.backends.recorder.compile_failures import compiler_hint as _compiler_hint
-from accel_graph.backends.recorder.compiled import CompileUnsupported
+from accel_graph.backends.recorder.compiled.failures import compiler_hint as _compiler_hint
+from accel_graph.backends.recorder.compiled.inductor import CompileUnsupported
 
 
 def test_compiler_hint_only_for_compiler_failures() -> None:

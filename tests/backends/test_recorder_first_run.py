@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import accel_graph as ag
-from accel_graph.backends.recorder import compiled
+from accel_graph.backends.recorder.compiled import inductor as compiled
 from accel_graph.errors import ReplayError
 
 NAME_ERROR = "name 's53' is not defined"

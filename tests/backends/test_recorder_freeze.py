@@ -9,9 +9,9 @@ import torch
 from torch import nn
 
 import accel_graph
-from accel_graph.backends.recorder.compiled import clear_compile_cache
-from accel_graph.backends.recorder.freezing import FrozenConstants, written_storages
-from accel_graph.tolerances import assert_close_for_dtype
+from accel_graph.backends.recorder.compiled.freezing import FrozenConstants, written_storages
+from accel_graph.backends.recorder.compiled.inductor import clear_compile_cache
+from accel_graph.foundation.tolerances import assert_close_for_dtype
 
 
 def _mlp() -> nn.Module:
@@ -146,7 +146,7 @@ def test_cpp_wrapper_option_compiles_and_matches() -> None:
 
 
 def test_cpp_wrapper_failure_compiles_with_the_python_wrapper(monkeypatch) -> None:
-    import accel_graph.backends.recorder.compiled as compiled
+    import accel_graph.backends.recorder.compiled.inductor as compiled
 
     real = compiled._compiled_module
 

@@ -12,8 +12,8 @@ import torch
 
 import accel_graph as ag
 from accel_graph.backends import get_backend
-from accel_graph.backends.recorder import compiled
-from accel_graph.tolerances import assert_bitwise_equal, assert_close_for_dtype
+from accel_graph.backends.recorder.compiled import inductor as compiled
+from accel_graph.foundation.tolerances import assert_bitwise_equal, assert_close_for_dtype
 
 HANDLES = 10_000
 

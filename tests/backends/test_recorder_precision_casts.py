@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import accel_graph
-from accel_graph.backends.recorder import precision_casts
 from accel_graph.backends.recorder.capture import Step
+from accel_graph.backends.recorder.compiled import precision_casts
 from accel_graph.backends.recorder.pool_protocol import PoolRef
 
 aten = torch.ops.aten

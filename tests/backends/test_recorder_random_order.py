@@ -11,9 +11,9 @@ import pytest
 import torch
 import torch.fx as fx
 
-from accel_graph.backends.recorder import random_order
 from accel_graph.backends.recorder.capture import Step
-from accel_graph.backends.recorder.compile_settings import inductor_settings
+from accel_graph.backends.recorder.compiled import random_order
+from accel_graph.backends.recorder.compiled.settings import inductor_settings
 
 aten = torch.ops.aten
 

@@ -19,13 +19,13 @@ import pytest
 import torch
 
 import accel_graph as ag
-import accel_graph.backends.recorder.compiled_choice as compiled_choice
+import accel_graph.backends.recorder.compiled.choice as compiled_choice
 from accel_graph.backends.base import GraphImpl, ReplayMode
-from accel_graph.backends.recorder import replay_choice
-from accel_graph.backends.recorder.compile_failures import failure_reason, quiet_torch_errors
+from accel_graph.backends.recorder.compiled import replay_choice
+from accel_graph.backends.recorder.compiled.failures import failure_reason, quiet_torch_errors
 from accel_graph.backends.recorder.program import build_replay, materialize
-from accel_graph.compile_options import parse_compile_options
 from accel_graph.errors import ConfigError
+from accel_graph.foundation.compile_options import parse_compile_options
 
 #: How much slower the slowed-down program is than the other (a tiny op runs in microseconds).
 SLOW_S = 0.01

@@ -9,7 +9,7 @@ import inspect
 import pytest
 import torch
 
-from accel_graph.backends.native import capture_begin_params
+from accel_graph.backends.native.backend import capture_begin_params
 
 
 def test_cuda_graph_capture_begin_takes_pool_and_mode() -> None:

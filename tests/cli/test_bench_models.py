@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-import accel_graph.backends.recorder.compiled_choice as compiled_choice
+import accel_graph.backends.recorder.compiled.choice as compiled_choice
 from accel_graph.bench import models as bench_models
 from accel_graph.cli.main import main
 from accel_graph.models import ResNet, ResNetConfig

@@ -24,7 +24,7 @@ from accel_graph.backends.base import Backend
 from accel_graph.backends.device_facts import NOT_CHECKED_CUDA
 from accel_graph.cli import doctor
 from accel_graph.cli.main import main
-from accel_graph.torch_support import release_of
+from accel_graph.foundation.torch_support import release_of
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for backends.fakes
 from backends.fakes import FakeCudaModule, FakeXpuModule  # noqa: E402

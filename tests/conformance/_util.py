@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import torch
 
-from accel_graph.backends.recorder.precision_casts import cpu_codegen_keeps_casts
+from accel_graph.backends.recorder.compiled.precision_casts import cpu_codegen_keeps_casts
 from accel_graph.testing import assert_replay_matches, capture
 
 Inputs = Callable[[torch.Generator], Sequence[torch.Tensor]]

@@ -48,7 +48,7 @@ def test_compiled_case_replays_compiled_code(make_graph, device, accel_graph_com
 
 _INNER = """
 import torch
-import accel_graph.backends.recorder.compiled_choice as compiled_choice
+import accel_graph.backends.recorder.compiled.choice as compiled_choice
 from accel_graph.testing import capture
 
 def _no_compiler(*args, **kwargs):

@@ -304,6 +304,6 @@ def test_recurrent_forward_backward_matches_eager(device, kind, interpreted_only
 
 def test_exported_lazily():
     assert "make_graphed_callables" in accel_graph.__all__
-    from accel_graph.graphed_callables import make_graphed_callables
+    from accel_graph.graphs.graphed_callables import make_graphed_callables
 
     assert accel_graph.make_graphed_callables is make_graphed_callables

@@ -18,7 +18,7 @@ import pytest
 import torch
 from torch import nn
 
-from accel_graph.backends.recorder.random_order import decomposed_with_other_draws
+from accel_graph.backends.recorder.compiled.random_order import decomposed_with_other_draws
 from accel_graph.testing import assert_replay_matches, capture
 
 from ._util import gen, randn

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...errors import TraceFormatError
-from ...gc_pause import gc_paused
+from ...foundation.gc_pause import gc_paused
 from ..devices import DEVICE_TYPES
 
 __all__ = [

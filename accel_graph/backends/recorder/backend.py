@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
-from ... import config
-from ...compile_options import CompileOptions
 from ...errors import BackendUnavailable, CaptureError, PoolError
+from ...foundation import config
+from ...foundation.compile_options import CompileOptions
 from ..base import (
     Backend,
     Capabilities,
@@ -28,9 +28,10 @@ from ..base import (
     ReplayMode,
     next_user_pool_id,
 )
-from . import collective_check, collectives, replay_choice
+from . import collective_check, collectives
 from .capture import Capture, InputRecord, Step, active_capture
-from .compiled_choice import CompiledChoice
+from .compiled import replay_choice
+from .compiled.choice import CompiledChoice
 from .dump import describe, write_dump
 from .pool import make_pool
 from .pool_protocol import GraphPool, PoolEvent, PoolRef

@@ -19,7 +19,7 @@ import torch
 from torch.testing import assert_close
 
 import accel_graph
-from accel_graph.backends.recorder.precision_casts import cpu_codegen_keeps_casts
+from accel_graph.backends.recorder.compiled.precision_casts import cpu_codegen_keeps_casts
 
 from ._common import COMPILED, NEEDS_OPTIM
 

@@ -23,10 +23,11 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from .capture import InputRecord, Step
-from .compile_cache import merge_reuse
-from .compiled import compile_program
-from .compiled_control_flow import (
+from ..capture import InputRecord, Step
+from ..pool_protocol import GraphPool, PoolRef, refs_overlap
+from ..program import build_replay, materialize
+from .cache import merge_reuse
+from .control_flow import (
     allocations,
     compile_control,
     pool_reads,
@@ -34,8 +35,7 @@ from .compiled_control_flow import (
     stage_reads_before_writes,
     with_snapshots,
 )
-from .pool_protocol import GraphPool, PoolRef, refs_overlap
-from .program import build_replay, materialize
+from .inductor import compile_program
 
 log = logging.getLogger("accel_graph")
 

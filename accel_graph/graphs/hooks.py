@@ -22,7 +22,7 @@ context manager). :class:`accel_graph.Graph` fires them on every backend, the re
 ``exec_ids`` is a ``set[int]`` of the :attr:`accel_graph.Graph.exec_id` values the cycle's
 instantiations minted (empty when it never instantiated). Hooks of one event run in
 registration order; an ``Exception`` a hook raises is swallowed (logged at DEBUG on the
-``accel_graph.hooks`` logger) so one consumer cannot break a graph step or another consumer,
+``accel_graph.graphs.hooks`` logger) so one consumer cannot break a graph step or another consumer,
 as torch's module-level hooks do; ``BaseException`` (``KeyboardInterrupt``) propagates.
 
 One registry, fired once per event: ``accel_graph``'s registrations are never forwarded to
@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from torch.utils.hooks import RemovableHandle
 
-    from .frontend import Graph
+    from .graph import Graph
 
 __all__ = [
     "DestroyNotice",

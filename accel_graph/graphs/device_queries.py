@@ -1,14 +1,14 @@
 """The module-level functions of the ``Graph`` API that take a device, not a graph:
 ``graph_pool_handle()`` and ``is_current_stream_capturing()`` (as ``torch.cuda``'s), routed
-like ``Graph(device=...)``. Re-exported by :mod:`accel_graph.frontend` and the package face.
+like ``Graph(device=...)``. Re-exported by :mod:`accel_graph.graphs.graph` and the package face.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .backends import select_backend
-from .backends.base import PoolHandle
+from ..backends import select_backend
+from ..backends.base import PoolHandle
 
 __all__ = ["graph_pool_handle", "is_current_stream_capturing"]
 

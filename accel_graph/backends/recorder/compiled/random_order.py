@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from .capture import Step
+from ..capture import Step
 from .precision_casts import program_steps
 
 __all__ = ["DRAWS_DIFFER", "decomposed_with_other_draws", "ordering_settings", "refusal", "torch_chains_random_ops"]

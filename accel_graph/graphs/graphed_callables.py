@@ -34,9 +34,9 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from .backends import select_backend
-from .errors import CaptureError, ConfigError, ReplayError
-from .frontend import Graph, graph, graph_pool_handle
+from ..backends import select_backend
+from ..errors import CaptureError, ConfigError, ReplayError
+from .graph import Graph, graph, graph_pool_handle
 from .graphed_checks import check_autocast, check_module, describe, flatten_args, output_leaves
 
 __all__ = ["make_graphed_callables"]

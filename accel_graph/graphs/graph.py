@@ -8,7 +8,7 @@ States: ``empty`` -> ``capturing`` -> ``captured`` -> ``instantiated``; ``reset(
 ``empty`` from any state. With ``keep_graph=False`` (the default) ``capture_end`` instantiates
 at once, as in torch.
 
-Every backend fires the graph lifecycle hooks of :mod:`accel_graph.hooks` (torch 2.14's
+Every backend fires the graph lifecycle hooks of :mod:`accel_graph.graphs.hooks` (torch 2.14's
 ``register_graph_*_hook``) from here, with the ``Graph`` as argument: capture start and end,
 instantiate, replay start and end, and destroy (``reset()`` or collection) with the exec ids.
 
@@ -37,9 +37,8 @@ from typing import Any
 
 import torch
 
-from . import hooks
-from .backends import select_backend
-from .backends.base import (
+from ..backends import select_backend
+from ..backends.base import (
     CAPTURE_ERROR_MODES,
     Backend,
     DeviceSpec,
@@ -47,9 +46,10 @@ from .backends.base import (
     PoolHandle,
     ReplayMode,
 )
-from .compile_options import CompileOptions, resolve_compile
-from .device_queries import graph_pool_handle, is_current_stream_capturing  # re-exported
-from .errors import CaptureError, ConfigError, GraphStateError
+from ..errors import CaptureError, ConfigError, GraphStateError
+from ..foundation.compile_options import CompileOptions, resolve_compile
+from . import hooks
+from .device_queries import graph_pool_handle, is_current_stream_capturing
 
 __all__ = [
     "EmptyGraphWarning",
@@ -108,7 +108,7 @@ class Graph:
         compile: ``None`` replays the recorded program as captured; ``"inductor"`` compiles it
             once at instantiation (recorder only; native backends ignore it with a warning).
             Unset, ``ACCEL_GRAPH_COMPILE`` supplies the default.
-        compile_options: options of compiled replay (:class:`~accel_graph.compile_options.
+        compile_options: options of compiled replay (:class:`~accel_graph.foundation.compile_options.
             CompileOptions`: ``replay``, ``freeze``, ``cpp_wrapper``); only with ``compile="inductor"``.
 
     ``graph_pool`` and ``capture_error_mode`` are attributes, as on ``torch.accelerator.Graph``:
@@ -142,7 +142,7 @@ class Graph:
         self._debug = False
         #: The thread that began the capture underway (None unless capturing).
         self._capture_thread: threading.Thread | None = None
-        #: Exec id and destroy-event cycle for the lifecycle hooks (accel_graph.hooks).
+        #: Exec id and destroy-event cycle for the lifecycle hooks (accel_graph.graphs.hooks).
         self._events = hooks.GraphEvents(self)
         #: The capture_error_mode of the capture underway.
         self._capture_mode = self.capture_error_mode
@@ -182,7 +182,7 @@ class Graph:
     @property
     def exec_id(self) -> int | None:
         """A process-unique id of the current instantiation (None before it, and after
-        ``reset()``); the destroy hooks receive the ids of a cycle (:mod:`accel_graph.hooks`)."""
+        ``reset()``); the destroy hooks receive the ids of a cycle (:mod:`accel_graph.graphs.hooks`)."""
         return self._events.exec_id
 
     def __repr__(self) -> str:
@@ -215,7 +215,7 @@ class Graph:
         self._capture_thread = threading.current_thread()
         self._capture_mode = mode
         self._state = CAPTURING
-        if hooks.capture_start_hooks:  # inside the capture, as torch's: see accel_graph.hooks
+        if hooks.capture_start_hooks:  # inside the capture, as torch's: see accel_graph.graphs.hooks
             hooks.fire(hooks.capture_start_hooks, self)
 
     def register_generator_state(self, generator: torch.Generator) -> None:
@@ -280,7 +280,7 @@ class Graph:
             return
         # Imported here: the plug-in module pulls in the allocator engine, which a process that
         # never captures (or never uses the plug-in) should not pay for at `import accel_graph`.
-        from .allocator.core.device_plugin import check_capture_allowed
+        from ..allocator.core.device_plugin import check_capture_allowed
 
         check_capture_allowed(self._device)
 

@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from ..errors import ConfigError
 from . import config
-from .errors import ConfigError
 
 __all__ = ["REPLAY_CHOICES", "CompileOptions", "parse_compile_options", "resolve_compile"]
 

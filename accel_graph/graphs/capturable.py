@@ -35,14 +35,14 @@ from torch._ops import HigherOrderOperator
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .backends.native_cf_support import python_level_refusal
-from .backends.recorder import hostreads
-from .backends.recorder.control_flow import SUPPORTED, undo_dynamo_skip
-from .backends.recorder.ops import illegal_reason
-from .backends.recorder.plan import user_frame
-from .backends.recorder.pytree import tree_flatten
+from ..backends.native.control_flow_support import python_level_refusal
+from ..backends.recorder import hostreads
+from ..backends.recorder.control_flow import SUPPORTED, undo_dynamo_skip
+from ..backends.recorder.ops import illegal_reason
+from ..backends.recorder.plan import user_frame
+from ..backends.recorder.pytree import tree_flatten
+from ..errors import ConfigError
 from .baked_values import BakedValue, OpLog, find_baked_values
-from .errors import ConfigError
 
 __all__ = ["CapturabilityReport", "Finding", "check_capturable"]
 
@@ -330,7 +330,7 @@ def check_capturable(fn: Callable[..., Any], *args: Any, target: str | torch.dev
             given), and every op whose Python arguments changed between runs is reported
             (level ``"baked"``): a value read from mutable host state at capture, which a
             graph would replay frozen (a cache length read as an int; see
-            :mod:`accel_graph.baked_values`). A plain ``Graph`` cannot see these at all, so the
+            :mod:`accel_graph.graphs.baked_values`). A plain ``Graph`` cannot see these at all, so the
             default looks for them. ``steps=1`` (or None): one run, no such check, for a
             function whose side effects must not happen twice.
         advance: a callable run between the steps (advance a position input, append a token);

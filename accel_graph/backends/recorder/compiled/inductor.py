@@ -38,12 +38,13 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from . import collectives, compile_settings
-from .capture import InputRecord, Step
-from .compile_cache import static_kwargs, static_tracing, watch_fx_graph_cache
+from .. import collectives
+from ..capture import InputRecord, Step
+from ..pool_protocol import GraphPool, PoolRef, refs_overlap
+from ..pytree import tree_map
+from . import settings as compile_settings
+from .cache import static_kwargs, static_tracing, watch_fx_graph_cache
 from .freezing import FrozenConstants
-from .pool_protocol import GraphPool, PoolRef, refs_overlap
-from .pytree import tree_map
 
 log = logging.getLogger("accel_graph")
 

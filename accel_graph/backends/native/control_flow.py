@@ -44,11 +44,11 @@ from torch._ops import HigherOrderOperator
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
-from .. import config
-from ..errors import AccelGraphError, CaptureError
-from .control_flow_checks import same_meta
-from .native_capture_errors import as_capture_error
-from .native_cf_support import RECORDER_HINT, ControlFlowSupport, torch_module
+from ...errors import AccelGraphError, CaptureError
+from ...foundation import config
+from ..control_flow_checks import same_meta
+from .capture_errors import as_capture_error
+from .control_flow_support import RECORDER_HINT, ControlFlowSupport, torch_module
 
 #: What a shape or dtype mismatch would do to a conditional node (said in the error).
 _NODE_COPY = " (a conditional node would copy one into the other, broadcasting or casting silently)"
@@ -264,12 +264,12 @@ _HANDLERS: dict[str, Callable[[ControlFlowMode, HigherOrderOperator, tuple, dict
 }
 
 
-# -- lifecycle (called by backends/native.py) -----------------------------------------------
+# -- lifecycle (called by backends/native/backend.py) -----------------------------------------------
 def start(support: ControlFlowSupport, device: object) -> ControlFlowMode | None:
     """Enter a fresh mode on this thread for a capture beginning on ``device``; modes left on
     this thread's stack by captures that ended elsewhere are taken off first. None (no mode:
     torch.cond runs as plain torch) when ``ACCEL_GRAPH_NATIVE_CONTROL_FLOW=0``."""
-    from .recorder.modes import mode_stack, remove_mode
+    from ..recorder.modes import mode_stack, remove_mode
 
     if not config.native_control_flow():
         return None
@@ -289,7 +289,7 @@ def stop(mode: ControlFlowMode | None) -> None:
         return
     mode.active = False
     if mode.thread is threading.current_thread():
-        from .recorder.modes import remove_mode
+        from ..recorder.modes import remove_mode
 
         remove_mode(mode)
 

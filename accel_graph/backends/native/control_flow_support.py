@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from ..errors import CaptureError
+from ...errors import CaptureError
 
 __all__ = [
     "RECORDER_HINT",

@@ -35,11 +35,11 @@ from typing import Any
 import torch
 from torch._ops import OpOverload
 
-from ..base import ReplayMode
-from . import rng
-from .capture import Step
-from .pool_protocol import PoolRef, storage_bytes
-from .pytree import tree_flatten
+from ...base import ReplayMode
+from .. import rng
+from ..capture import Step
+from ..pool_protocol import PoolRef, storage_bytes
+from ..pytree import tree_flatten
 
 #: Share of the compile time that timing at instantiation may take, and its floor and cap
 #: (seconds): a cache hit compiles in milliseconds but still gets the floor, enough for a few

@@ -29,11 +29,9 @@ from typing import Any, ClassVar
 
 import torch
 
-from ..errors import AccelGraphError, BackendUnavailable, CaptureError, ConfigError
-from . import native_cf_support as cf_support
-from . import native_control_flow as control_flow
-from . import presence
-from .base import (
+from ...errors import AccelGraphError, BackendUnavailable, CaptureError, ConfigError
+from .. import presence
+from ..base import (
     CAPTURE_ERROR_MODES,
     Backend,
     Capabilities,
@@ -42,8 +40,10 @@ from .base import (
     PoolHandle,
     PoolStats,
 )
-from .native_capture_errors import end_capture_quietly
-from .native_pools import NativePoolTable
+from . import control_flow as control_flow
+from . import control_flow_support as cf_support
+from .capture_errors import end_capture_quietly
+from .pools import NativePoolTable
 
 #: What torch.cuda.CUDAGraph gives the cuda and hip backends (HIP reuses the CUDA API).
 CUDA_GRAPH_CAPABILITIES = Capabilities(

@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 
-from .capture import Step
-from .pool_protocol import PoolRef
+from ..capture import Step
+from ..pool_protocol import PoolRef
 
 __all__ = ["LOW_PRECISION", "cpu_codegen_keeps_casts", "program_steps", "refusal"]
 

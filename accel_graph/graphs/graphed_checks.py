@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.utils._pytree as pytree
 
-from .errors import CaptureError, ConfigError
+from ..errors import CaptureError, ConfigError
 
 __all__ = ["check_autocast", "check_module", "describe", "flatten_args", "output_leaves"]
 

@@ -28,11 +28,11 @@ from typing import Any
 
 import torch
 
-from ...errors import ReplayError
-from .capture import Step
-from .pool_protocol import GraphPool, PoolRef
-from .program import CONTROL_KINDS
-from .pytree import tree_flatten
+from ....errors import ReplayError
+from ..capture import Step
+from ..pool_protocol import GraphPool, PoolRef
+from ..program import CONTROL_KINDS
+from ..pytree import tree_flatten
 from .replay_choice import Extents, written_args
 
 __all__ = ["FirstRun", "UndoPlan", "undo_plan"]

@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from ..errors import AccelGraphError, CaptureError
+from ...errors import AccelGraphError, CaptureError
 
 __all__ = ["CAPTURE_ERROR_MARKERS", "as_capture_error", "end_capture_quietly"]
 

@@ -17,14 +17,14 @@ import logging
 import weakref
 from typing import Any
 
-from ..base import ReplayMode
+from ...base import ReplayMode
+from ..program import build_replay
 from . import replay_choice
-from .compile_failures import compiler_hint, failure_reason, quiet_torch_errors
-from .compiled import CompileUnsupported, compile_program
-from .compiled_first_run import FirstRun, undo_plan
+from .failures import compiler_hint, failure_reason, quiet_torch_errors
+from .first_run import FirstRun, undo_plan
 from .freezing import written_storages
+from .inductor import CompileUnsupported, compile_program
 from .precision_casts import refusal as precision_refusal
-from .program import build_replay
 from .random_order import refusal as order_refusal
 from .segmented import compile_any
 

@@ -1,5 +1,5 @@
 """Pool handles and pool memory of the native backends: :class:`NativePoolTable`, held by each
-:class:`~accel_graph.backends.native.NativeGraphBackend` as ``backend.pools``.
+:class:`~accel_graph.backends.native.backend.NativeGraphBackend` as ``backend.pools``.
 
 Our handles use *negative* ids, ``(0, -n)`` for user handles and ``(-n, 0)`` for a graph's
 private pool, because torch's own ids are positive and come from two independent counters (user
@@ -20,8 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import PoolError
-from .base import DeviceSpec, PoolHandle, PoolStats
+from ...errors import PoolError
+from ..base import DeviceSpec, PoolHandle, PoolStats
 
 _our_ids = itertools.count(1)
 

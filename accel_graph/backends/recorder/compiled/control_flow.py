@@ -34,11 +34,11 @@ from typing import Any
 
 import torch
 
-from .capture import Step
-from .memory_names import describe_memory
-from .pool_protocol import GraphPool, PoolRef, refs_overlap, storage_bytes
-from .program import CONTROL_KINDS, build_replay, materialize
-from .pytree import tree_flatten
+from ..capture import Step
+from ..memory_names import describe_memory
+from ..pool_protocol import GraphPool, PoolRef, refs_overlap, storage_bytes
+from ..program import CONTROL_KINDS, build_replay, materialize
+from ..pytree import tree_flatten
 
 log = logging.getLogger("accel_graph")
 aten = torch.ops.aten

@@ -21,8 +21,8 @@ import torch
 from torch._ops import HigherOrderOperator
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .backends.recorder.plan import user_frame
-from .errors import ConfigError
+from ..backends.recorder.plan import user_frame
+from ..errors import ConfigError
 
 __all__ = ["BakedValue", "OpLog", "ProgramChange", "find_baked_values", "record_ops"]
 
@@ -134,7 +134,7 @@ def record_ops(fn: Callable[..., Any], args: tuple, kwargs: dict) -> tuple[list,
         # Eager torch.cond run under this mode leaves a TorchDynamo skip cached on its wrapper
         # (pytorch#163013): every later eager torch.cond of the process (a runner's warm-up)
         # then fails with Unsupported. Undo it, as the recorder and the runner's verify do.
-        from .backends.recorder.control_flow import undo_dynamo_skip
+        from ..backends.recorder.control_flow import undo_dynamo_skip
 
         undo_dynamo_skip()
     return log.ops, result

@@ -18,7 +18,7 @@ import logging
 import threading
 from collections.abc import Iterator
 
-from .compiled import CompileUnsupported
+from .inductor import CompileUnsupported
 
 log = logging.getLogger("accel_graph")
 

@@ -30,7 +30,7 @@ POOL_LIMIT_VAR = "ACCEL_GRAPH_POOL_LIMIT"
 
 def pool_limit() -> int | None:
     """The recorder pool limit from ``ACCEL_GRAPH_POOL_LIMIT`` (bytes; K/M/G suffixes allowed)."""
-    from .errors import ConfigError
+    from ..errors import ConfigError
 
     raw = os.environ.get(POOL_LIMIT_VAR, "").strip()
     if not raw:
@@ -76,6 +76,6 @@ COMPILE_REPLAY_VAR = "ACCEL_GRAPH_COMPILE_REPLAY"
 def default_compile_replay() -> str | None:
     """The ``replay`` compiled graphs use when ``compile_options`` sets none
     (``ACCEL_GRAPH_COMPILE_REPLAY``), or None when unset or empty; values are checked by
-    :func:`accel_graph.compile_options.parse_compile_options`."""
+    :func:`accel_graph.foundation.compile_options.parse_compile_options`."""
     value = os.environ.get(COMPILE_REPLAY_VAR, "").strip().lower()
     return value or None

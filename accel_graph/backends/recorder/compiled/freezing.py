@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
-from .capture import Step
-from .pytree import tree_flatten
+from ..capture import Step
+from ..pytree import tree_flatten
 
 __all__ = ["FrozenConstants", "written_storages"]
 
