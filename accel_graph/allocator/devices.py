@@ -18,8 +18,11 @@ Two small tables sit beside it, because the vocabularies are not device families
 
 Lookups: :func:`device_kind` accepts any name or alias, in any case, and raises
 :class:`~accel_graph.errors.ConfigError` (a ``ValueError``) naming the accepted ones;
-:func:`find_device_kind` returns None instead; :func:`device_kind_or_default` falls back to CUDA,
-the family a trace that does not say is simulated as. Nothing here imports anything heavy.
+:func:`find_device_kind` returns None instead. :func:`canonical_kind` and
+:func:`device_kind_or_default` take a canonical name only (a trace's or a profile's
+``device_type``, exactly as spelled there) and return None, or CUDA, the family a trace that does
+not say is simulated as, for anything else. :func:`runtime_device_kind` maps the device
+plug-in's runtime names (``"cuda"``, ``"hip"``). Nothing here imports anything heavy.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from ..errors import ConfigError
 
 __all__ = [
     "CONFIG_DIALECTS",
+    "CONFIG_VARIABLES",
+    "CURRENT_CONFIG_VARIABLE",
     "DEFAULT_DEVICE_KIND",
     "DEVICE_KINDS",
     "DEVICE_TYPES",
@@ -38,13 +43,17 @@ __all__ = [
     "ConfigDialect",
     "DeviceKind",
     "RoundingRule",
+    "canonical_kind",
     "config_dialect",
+    "config_dialect_of",
     "device_kind",
     "device_kind_for_policy",
     "device_kind_or_default",
     "device_names",
     "find_device_kind",
     "rounding_rule",
+    "runtime_device_kind",
+    "torch_read_variables",
 ]
 
 
@@ -126,7 +135,9 @@ class DeviceKind:
         return (self.name, *self.aliases)
 
 
-_CURRENT = "PYTORCH_ALLOC_CONF"
+#: The variable every torch build since 2.12 reads (CUDA, ROCm, XPU).
+CURRENT_CONFIG_VARIABLE = "PYTORCH_ALLOC_CONF"
+_CURRENT = CURRENT_CONFIG_VARIABLE
 
 #: The config dialects, in the order messages list them.
 CONFIG_DIALECTS: dict[str, ConfigDialect] = {
@@ -190,7 +201,22 @@ DEFAULT_DEVICE_KIND = DEVICE_KINDS[0]
 #: The config-dialect names of the device plug-in's kinds (``EngineSettings.device_kind``).
 RUNTIME_KINDS: tuple[str, ...] = tuple(k.config for k in DEVICE_KINDS if k.runtime_library)
 
+#: Every variable a device's build reads its settings from, current name first, then in table
+#: order (where a recorded snapshot may keep the string).
+CONFIG_VARIABLES: tuple[str, ...] = tuple(dict.fromkeys(
+    v for k in DEVICE_KINDS for v in (k.config_variable, k.legacy_variable) if v is not None))
+
 _BY_NAME: dict[str, DeviceKind] = {n: k for k in DEVICE_KINDS for n in k.names}
+_BY_CANONICAL: dict[str, DeviceKind] = {k.name: k for k in DEVICE_KINDS}
+_BY_RUNTIME: dict[str, DeviceKind] = {k.config: k for k in DEVICE_KINDS if k.runtime_library}
+
+
+def torch_read_variables() -> tuple[str, ...]:
+    """The variables a CUDA-family torch build (CUDA or ROCm) reads, in the order it reads them:
+    the older per-runtime names first, then :data:`CURRENT_CONFIG_VARIABLE`; the first one set
+    is used whole (torch 2.13)."""
+    legacy = tuple(k.legacy_variable for k in DEVICE_KINDS if k.legacy_variable)
+    return (*legacy, CURRENT_CONFIG_VARIABLE)
 
 
 def device_names() -> str:
@@ -215,10 +241,28 @@ def device_kind(name: str) -> DeviceKind:
     return kind
 
 
+def canonical_kind(name: str | None) -> DeviceKind | None:
+    """The kind whose canonical name is exactly ``name`` (no aliases, case-sensitive: a trace's
+    or a profile's ``device_type``); None otherwise."""
+    return _BY_CANONICAL.get(name) if isinstance(name, str) else None
+
+
 def device_kind_or_default(name: str | None) -> DeviceKind:
-    """The kind ``name`` names, or :data:`DEFAULT_DEVICE_KIND` (CUDA) when ``name`` is None
-    or names none: how a trace that does not say its device is read and simulated."""
-    return find_device_kind(name) or DEFAULT_DEVICE_KIND
+    """:func:`canonical_kind`, or :data:`DEFAULT_DEVICE_KIND` (CUDA) when ``name`` is None or
+    not a canonical name: how a trace that does not say its device is read and simulated."""
+    return canonical_kind(name) or DEFAULT_DEVICE_KIND
+
+
+def config_dialect_of(device_type: str | None) -> str:
+    """``parse_config``'s ``device`` for a trace's or a profile's ``device_type`` (ROCm reads
+    with ``"hip"``, NPU as CUDA); CUDA's when ``device_type`` is None or not canonical."""
+    return device_kind_or_default(device_type).config
+
+
+def runtime_device_kind(runtime: str) -> DeviceKind:
+    """The kind whose CUDA-compatible runtime the device plug-in calls ``runtime`` (one of
+    :data:`RUNTIME_KINDS`: ``"cuda"``, ``"hip"``); CUDA for anything else."""
+    return _BY_RUNTIME.get(runtime, DEFAULT_DEVICE_KIND)
 
 
 def device_kind_for_policy(policy: str) -> DeviceKind | None:

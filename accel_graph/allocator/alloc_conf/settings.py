@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ...errors import ConfigError
-from ..devices import CONFIG_DIALECTS
+from ..devices import CONFIG_DIALECTS, torch_read_variables
 from ..units import MIB
 from .numbers import SIZE_MAX
 from .tokens import ROUNDUP_INTERVALS, read_roundup_list
@@ -25,7 +25,7 @@ __all__ = [
 #: ``parse_config``'s device vocabulary: the config dialects of :mod:`accel_graph.allocator.devices`.
 DEVICES: tuple[str, ...] = tuple(CONFIG_DIALECTS)
 #: Read in this order; the first one set (even to "") is used whole, the others are ignored.
-CONFIG_VARIABLES = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+CONFIG_VARIABLES: tuple[str, ...] = torch_read_variables()
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from ..devices import device_kind_or_default
 from ..traces.actions import (
     A_ALLOC,
     A_ANNOTATE,
@@ -117,10 +118,6 @@ ADVICE: dict[str, str] = {
     ),
 }
 
-_ENV = {"cuda": "PYTORCH_ALLOC_CONF", "rocm": "PYTORCH_ALLOC_CONF",
-        "xpu": "PYTORCH_ALLOC_CONF", "npu": "PYTORCH_NPU_ALLOC_CONF"}  # fmt: skip
-
-
 def _settings_info(trace: Any, device: int) -> dict[str, Any]:
     rec = trace.allocator_settings
     segs = final_segments(trace, device)
@@ -132,7 +129,7 @@ def _settings_info(trace: Any, device: int) -> dict[str, Any]:
     else:
         es, source = None, "unknown (no settings and no final segments)"
     return {"recorded": rec, "expandable_segments": es, "expandable_segments_source": source,
-            "config_variable": _ENV.get(trace.device_type or "cuda", "PYTORCH_ALLOC_CONF")}
+            "config_variable": device_kind_or_default(trace.device_type).config_variable}
 
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from ..devices import config_dialect_of
 from ..traces.actions import (
     A_ALLOC,
     A_FREE,
@@ -285,7 +286,7 @@ def _block_sizes(trace: Any, sizes: np.ndarray, prof: Any = None,
         try:
             from ..alloc_conf import settings_from_snapshot
 
-            dev = {"rocm": "hip", "xpu": "xpu"}.get(trace.device_type or "cuda", "cuda")
+            dev = config_dialect_of(trace.device_type)
             s = settings_from_snapshot(trace.allocator_settings, dev, rules)
             if any(d > 1 for d in s.roundup_power2_divisions):
                 divisions = s

@@ -48,6 +48,7 @@ from ...errors import (
     CaptureError,
     ConfigError,
 )
+from ..devices import runtime_device_kind
 from ..traces.actions import ACTIONS
 from .device_settings import device_engine_settings
 from .engine import Engine
@@ -238,7 +239,7 @@ class DeviceAllocator:
             for d in self.devices:
                 eng = Engine(
                     policy, upstream, self.settings,
-                    device_name="HIP" if self.kind == "hip" else "CUDA", device_index=d,
+                    device_name=runtime_device_kind(self.kind).display, device_index=d,
                 )  # fmt: skip
                 check_status(self._lib.ag_engine_set_threadsafe(eng.c_handle, 1), eng)
                 rc = self._lib.ag_pluggable_install(d, eng.c_handle)

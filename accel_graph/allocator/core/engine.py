@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import AccelGraphError, ConfigError
+from ..devices import DEFAULT_DEVICE_KIND, device_kind_for_policy
 from .loader import load_core, load_dlpack
 from .settings import (
     I32,
@@ -148,9 +149,12 @@ class Engine:
         # Bound C functions: the hot path is one attribute load and one cffi call.
         self._malloc = lib.ag_malloc
         self._free = lib.ag_free
-        self.device_name = device_name or ("XPU" if policy == "xpu" else "CUDA")
+        # The device family the policy simulates (bfc: none, worded as CUDA) names the device
+        # and the variable in torch-style out-of-memory messages.
+        kind = device_kind_for_policy(policy) or DEFAULT_DEVICE_KIND
+        self.device_name = device_name or kind.display
         self.device_index = device_index
-        self.conf_var = "PYTORCH_ALLOC_CONF" if policy == "xpu" else "PYTORCH_CUDA_ALLOC_CONF"
+        self.conf_var = kind.oom_variable
         for _ in range(streams - 1):
             self.create_stream()
 

@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from ..devices import DEVICE_KINDS, DeviceKind, find_device_kind, rounding_rule
+from ..devices import ROUNDING_RULES as _RULES
 from ..units import MIB
 
 __all__ = [
@@ -38,9 +40,10 @@ __all__ = [
 
 KMIN = 512
 
-#: Rounding rule ids: ``cuda`` (512-byte multiples, minimum 512, plus roundup_power2_divisions),
-#: ``npu`` (request + 32 bytes, then 512-byte multiples), ``xpu`` (512-byte multiples only).
-ROUNDING_RULES = ("cuda", "npu", "xpu")
+#: Rounding rule ids (:data:`accel_graph.allocator.devices.ROUNDING_RULES`): ``cuda`` (512-byte
+#: multiples, minimum 512, plus roundup_power2_divisions), ``npu`` (request + 32 bytes, then as
+#: cuda), ``xpu`` (512-byte multiples only).
+ROUNDING_RULES: tuple[str, ...] = tuple(_RULES)
 
 _CORE_KEYS = frozenset(
     {
@@ -144,9 +147,9 @@ def round_request(size: int, profile: Profile | str, divisions: int = 0) -> int:
     p = resolve_profile(profile)
     if size <= 0:
         raise ValueError(f"size must be > 0, got {size}")
-    if p.rounding == "npu":
-        return _round_cuda(size + NPU_ROUND_EXTRA, divisions if p.roundup_applied else 0)
-    if p.rounding == "xpu" or not p.roundup_applied:
+    rule = rounding_rule(p.rounding)
+    size += rule.extra
+    if not rule.power2_divisions or not p.roundup_applied:
         return max(KMIN, -(-size // KMIN) * KMIN)
     return _round_cuda(size, divisions)
 
@@ -158,15 +161,16 @@ def round_requests(sizes: Any, profile: Profile | str, divisions: int = 0) -> np
     s = np.asarray(sizes, dtype=np.int64)
     if s.size and int(s.min()) <= 0:
         raise ValueError("sizes must be > 0")
-    if p.rounding == "npu":
-        s = s + NPU_ROUND_EXTRA
-    if p.rounding == "xpu" or not p.roundup_applied or divisions <= 1:
+    rule = rounding_rule(p.rounding)
+    if rule.extra:
+        s = s + rule.extra
+    if not rule.power2_divisions or not p.roundup_applied or divisions <= 1:
         return np.maximum(KMIN, ((s + KMIN - 1) // KMIN) * KMIN)
     return np.array([_round_cuda(int(x), divisions) for x in s.ravel()], np.int64).reshape(s.shape)
 
 
 #: bytes torch_npu adds to a request before rounding (``EngineSettings.round_extra``).
-NPU_ROUND_EXTRA = 32
+NPU_ROUND_EXTRA = rounding_rule("npu").extra
 
 
 _ES_NOTE = (
@@ -397,9 +401,15 @@ _add(
     )
 )
 
-#: Newest profile per device, used by profile_for when several cover a version.
-_DEFAULT_ORDER = ("cuda-2.14", "cuda-2.13", "cuda-2.12", "cuda-2.11", "cuda-2.9", "rocm-2.13", "npu", "xpu")
-_DEVICE_ALIASES = {"cuda": "cuda", "rocm": "rocm", "hip": "rocm", "npu": "npu", "xpu": "xpu"}
+def _kinds_in_profile_order() -> tuple[DeviceKind, ...]:
+    """The device kinds in the order their first profile is defined above (how messages have
+    always listed them: cuda, rocm, npu, xpu)."""
+    first = {p.device: i for i, p in reversed(list(enumerate(PROFILES.values())))}
+    return tuple(sorted(DEVICE_KINDS, key=lambda k: first[k.name]))
+
+
+#: Every device name and alias :func:`resolve_profile` accepts, for its message.
+_DEVICE_NAMES = tuple(n for k in _kinds_in_profile_order() for n in k.names)
 
 
 #: The version that picks a device's newest profile (see resolve_profile).
@@ -416,11 +426,11 @@ def resolve_profile(profile: Profile | str | None, device_type: str | None = Non
     name = profile if profile is not None else (device_type or "cuda")
     if name in PROFILES:
         return PROFILES[name]
-    dev = _DEVICE_ALIASES.get(str(name).lower())
-    if dev is None:
+    kind = find_device_kind(str(name))
+    if kind is None:
         raise KeyError(f"unknown profile or device {name!r}; profiles: "
-                       f"{', '.join(sorted(PROFILES))}; devices: {', '.join(_DEVICE_ALIASES)}")
-    return profile_for(NEWEST, dev)
+                       f"{', '.join(sorted(PROFILES))}; devices: {', '.join(_DEVICE_NAMES)}")
+    return profile_for(NEWEST, kind.name)
 
 
 def get_profile(name: str) -> Profile:
@@ -444,12 +454,12 @@ def _parse_version(v: str | tuple[int, int]) -> tuple[int, int]:
 def profile_for(torch_version: str | tuple[int, int], device: str = "cuda") -> Profile:
     """The profile for a torch version (``"2.12.1+cu128"`` or ``(2, 12)``) on ``device``
     (cuda, rocm/hip, npu, xpu). Raises ValueError when none covers it."""
-    dev = _DEVICE_ALIASES.get(device.lower())
-    if dev is None:
-        raise ValueError(f"unknown device {device!r}; expected one of {sorted(_DEVICE_ALIASES)}")
+    kind = find_device_kind(device.lower())
+    if kind is None:
+        raise ValueError(f"unknown device {device!r}; expected one of {sorted(_DEVICE_NAMES)}")
     version = _parse_version(torch_version)
-    for name in _DEFAULT_ORDER:
+    for name in kind.profiles:  # newest first
         p = PROFILES[name]
-        if p.device == dev and p.covers(version):
+        if p.covers(version):
             return p
     raise ValueError(f"no profile for torch {torch_version} on {device}")

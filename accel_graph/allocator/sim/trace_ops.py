@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from ..core.engine import OP, OP_DTYPE
+from ..devices import rounding_rule
 from ..traces.actions import (
     A_ALLOC,
     A_FREE,
@@ -28,7 +29,7 @@ from ..traces.actions import (
     reserved_delta,
 )
 from ..units import MIB
-from .profiles import NPU_ROUND_EXTRA, Profile, resolve_profile, round_requests
+from .profiles import Profile, resolve_profile, round_requests
 
 __all__ = [
     "build_ops",
@@ -346,7 +347,7 @@ def build_ops(trace: Any, device: int = 0, profile: Profile | str | None = None,
     """
     prof = resolve_profile(profile, trace.device_type)
     if round_extra is None:
-        round_extra = NPU_ROUND_EXTRA if prof.rounding == "npu" else 0
+        round_extra = rounding_rule(prof.rounding).extra
     ev = trace.events(device)
     if expandable is None:
         expandable = any(s.get("is_expandable") for s in trace.segments
@@ -439,7 +440,7 @@ def build_ops_reusing(cache: dict[Any, dict[str, Any]], trace: Any, device: int 
     """
     prof = resolve_profile(profile, trace.device_type)
     if round_extra is None:
-        round_extra = NPU_ROUND_EXTRA if prof.rounding == "npu" else 0
+        round_extra = rounding_rule(prof.rounding).extra
     if empty_cache is None or empty_cache is False:
         ec_key: Any = empty_cache
     else:

@@ -15,6 +15,7 @@ import os
 import sys
 from typing import Any
 
+from ...allocator.devices import config_dialect_of
 from ...allocator.units import fmt_bytes, fmt_signed_bytes
 from ..output import emit, format_table
 from .inputs import load_input, pick_device
@@ -146,7 +147,6 @@ def result_payload(result: Any, *, trace: str, device_type: str | None, top: int
                    given_torch: str | None = None) -> dict[str, Any]:
     """The ``accel-alloc/tune/1`` document for a :class:`~accel_graph.allocator.tune.search.TuneResult`."""
     from ...allocator.alloc_conf import parse_config
-    from ...allocator.sim.scenario import CONFIG_DEVICE
     from ...allocator.tune.advice import advise, env_assignment
     from ...allocator.tune.ranking import Candidate, rank
     from ...allocator.tune.versions import older_than_trace, version_warnings
@@ -168,7 +168,7 @@ def result_payload(result: Any, *, trace: str, device_type: str | None, top: int
     shown = groups if top == 0 else groups[:top]
     rec = result.recommended
     cfg = rec.config or ""
-    settings = parse_config(cfg, CONFIG_DEVICE.get(prof.device, "cuda"))
+    settings = parse_config(cfg, config_dialect_of(prof.device))
     assign = env_assignment(cfg, prof)
     warnings = [a.to_json() for a in advise(settings, prof, environ=environ, uses=uses,
                                             private_pools=result.private_pools,
