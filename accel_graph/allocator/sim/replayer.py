@@ -1,7 +1,7 @@
 """Whole-trace replay: a recorded allocator trace through the C engine in one call.
 
 ``replay_trace(trace)`` turns a :class:`~accel_graph.allocator.traces.model.Trace`'s events into one
-:data:`~accel_graph.allocator.core.engine.OP_DTYPE` array (vectorised with numpy) and runs it with a
+:data:`~accel_graph.allocator.core.records.OP_DTYPE` array (vectorised with numpy) and runs it with a
 single :meth:`Engine.replay`. Before that, a short prologue (a second, small ``replay`` call)
 rebuilds the allocator state at the trace's start when the recording began mid-run.
 
@@ -34,7 +34,8 @@ from typing import Any
 import numpy as np
 
 from ..alloc_conf import settings_from_snapshot
-from ..core.engine import OP, OP_DTYPE, Engine
+from ..core.engine import Engine
+from ..core.records import OP, OP_DTYPE
 from ..core.settings import EngineSettings
 from ..devices import rounding_rule
 from ..traces.actions import (

@@ -1,6 +1,6 @@
 """A recorded trace as engine ops: the conversion behind :func:`~.replayer.replay_trace`.
 
-:func:`build_ops` turns one device's events into an :data:`~accel_graph.allocator.core.engine.OP_DTYPE`
+:func:`build_ops` turns one device's events into an :data:`~accel_graph.allocator.core.records.OP_DTYPE`
 array (vectorised with numpy) plus a prologue that rebuilds the allocator state at the trace's
 start (:func:`infer_start_state`); the mapping is in :mod:`.replayer`'s docstring.
 :func:`build_ops_reusing` memoises conversions for a search; :func:`recorded_summary` gives the
@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ..core.engine import OP, OP_DTYPE
+from ..core.records import OP, OP_DTYPE
 from ..devices import rounding_rule
 from ..traces.actions import (
     A_ALLOC,
