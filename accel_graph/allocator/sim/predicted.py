@@ -135,7 +135,7 @@ def _carry_times(rec: np.ndarray, sim: np.ndarray) -> None:
 
 
 def _pool_pair(p: int) -> tuple[int, int]:
-    """Inverse of :func:`~.trace_ops.pool_number`: the snapshot's ``segment_pool_id`` pair."""
+    """Inverse of :func:`~.trace_state.pool_number`: the snapshot's ``segment_pool_id`` pair."""
     return (p >> 32, p & 0xFFFFFFFF) if p >> 32 else (0, p)
 
 

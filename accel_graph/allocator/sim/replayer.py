@@ -10,7 +10,7 @@ Mapping (see docs/allocator-fidelity.md):
 - ``alloc`` -> ``malloc`` of the requested size into a fresh slot per allocation (the engine
   rounds it as the profile's device does: ``EngineSettings.round_extra``, the ``xpu`` policy),
   or ``malloc_pool`` into an engine private pool when the event's ``pool`` is nonzero, or, when
-  it is 0, when the final segment holding it is in a private pool (:func:`infer_pools`);
+  it is 0, when the final segment holding it is in a private pool (:func:`~.trace_state.infer_pools`);
 - ``free_completed`` -> ``free`` of the slot allocated last at that address (``free_requested``
   is ignored: the engine completes cross-stream frees itself, and the real trace's completion
   time is the ``free_completed`` event);
