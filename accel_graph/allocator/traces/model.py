@@ -31,7 +31,8 @@ from .record import (
     bulk_objects,
 )
 from .segments import TraceReport, derive_device_segments, validate_device
-from .torch_snapshot import Stack, events_to_entries, read_snapshot
+from .snapshot_entries import events_to_entries
+from .torch_snapshot import Stack, read_snapshot
 
 __all__ = [
     "FOREIGN_EXTENSIONS",
