@@ -28,6 +28,7 @@ device; :func:`apply_profile` says which engine settings that changes, with note
 from __future__ import annotations
 
 import functools
+import time
 from dataclasses import replace
 from typing import Any
 
@@ -160,8 +161,6 @@ def replay_trace(trace: Any, settings: Any = None, *, policy: str | None = None,
     ``ops_cache``: a dict the caller keeps for this (unchanging) trace, to reuse the
     conversion across calls (:func:`build_ops_reusing`; identical results).
     """
-    import time
-
     prof = resolve_profile(profile, trace.device_type)
     if settings is None:
         es = _trace_settings(trace, device)

@@ -50,6 +50,7 @@ from ..alloc_conf import AllocatorSettings, parse_config
 from ..core.settings import POLICIES, POLICY_KEYS
 from ..sim import profiles as _profiles
 from ..sim.scenario import make_scenario, recorded_settings, top_level_entries
+from ..sim.trace_ops import recorded_summary
 from ..units import MIB
 from .evaluator import Evaluator, evaluate_one
 from .ranking import OBJECTIVES, PEAK_SCOPES, Candidate, pareto_front, rank
@@ -126,8 +127,6 @@ def tune(trace: Any, *, objective: str = "peak", cap: int | None = None,
     largest allocation, or no ``cap`` for a trace recorded with a memory fraction) and
     ``ValueError`` for a bad objective or budget.
     """
-    from ..sim.trace_ops import recorded_summary
-
     if objective not in OBJECTIVES:
         raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}; got {objective!r}")
     if peak not in PEAK_SCOPES:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from ..alloc_conf import parse_torch_version
 from ..devices import CONFIG_VARIABLES, device_kind_or_default
 from ..sim.profiles import PROFILES, Profile
 from ..sim.scenario import top_level_entries
@@ -166,8 +167,6 @@ def older_than_trace(given: str | tuple[int, int] | None, trace_torch: dict[str,
     seen = trace_torch.get("at_least")
     if given is None or not seen:
         return None
-    from ..alloc_conf import parse_torch_version
-
     have = parse_torch_version(given)
     need = parse_torch_version(seen)
     if have >= need:

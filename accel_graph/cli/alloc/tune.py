@@ -74,7 +74,7 @@ class _Bar:
         if not self.enabled:
             return
         if self.bar is None:
-            from tqdm import tqdm
+            from tqdm import tqdm  # optional progress bar: imported when first drawn
 
             tqdm.monitor_interval = 0
             self.bar = tqdm(total=total, desc="configs", unit="cfg", file=sys.stderr,
