@@ -9,6 +9,7 @@ self-test shows can fail).
 from __future__ import annotations
 
 import ast
+import dataclasses
 import re
 from pathlib import Path
 
@@ -141,6 +142,15 @@ def test_rounding_rules_and_runtimes() -> None:
         assert kind.config_variable in devices.CONFIG_VARIABLES
     assert READ_ORDER == ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF",
                           "PYTORCH_ALLOC_CONF")
+
+
+def test_a_hand_made_profile_with_an_unknown_rule_rounds_as_cuda() -> None:
+    odd = dataclasses.replace(PROFILES["cuda-2.13"], name="odd", rounding="odd")
+    assert devices.rounding_rule_or_default("odd") is ROUNDING_RULES["cuda"]
+    for size in (1, 1000, 3 << 20):
+        assert round_request(size, odd, 4) == round_request(size, "cuda-2.13", 4)
+    with pytest.raises(ConfigError, match="unknown rounding rule 'odd'"):
+        devices.rounding_rule("odd")
 
 
 # -- no other module keeps a device-name map

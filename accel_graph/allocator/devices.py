@@ -52,6 +52,7 @@ __all__ = [
     "device_names",
     "find_device_kind",
     "rounding_rule",
+    "rounding_rule_or_default",
     "runtime_device_kind",
     "torch_read_variables",
 ]
@@ -288,3 +289,11 @@ def rounding_rule(name: str) -> RoundingRule:
     except (KeyError, TypeError):
         raise ConfigError(f"unknown rounding rule {name!r}; "
                           f"known: {', '.join(ROUNDING_RULES)}") from None
+
+
+def rounding_rule_or_default(name: str) -> RoundingRule:
+    """The rounding rule called ``name``, or the ``cuda`` rule for a name the table lacks (a
+    hand-made :class:`~accel_graph.allocator.sim.profiles.Profile` that bypassed the catalogue's
+    check is rounded as CUDA, as it always was)."""
+    rule = ROUNDING_RULES.get(name) if isinstance(name, str) else None
+    return rule or ROUNDING_RULES["cuda"]

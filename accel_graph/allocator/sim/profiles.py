@@ -26,7 +26,13 @@ from typing import Any
 
 import numpy as np
 
-from ..devices import DEVICE_KINDS, DeviceKind, find_device_kind, rounding_rule
+from ..devices import (
+    DEVICE_KINDS,
+    DeviceKind,
+    find_device_kind,
+    rounding_rule,
+    rounding_rule_or_default,
+)
 from ..devices import ROUNDING_RULES as _RULES
 from .profile_catalog import PROFILES, Profile
 
@@ -77,7 +83,7 @@ def round_request(size: int, profile: Profile | str, divisions: int = 0) -> int:
     p = resolve_profile(profile)
     if size <= 0:
         raise ValueError(f"size must be > 0, got {size}")
-    rule = rounding_rule(p.rounding)
+    rule = rounding_rule_or_default(p.rounding)
     size += rule.extra
     if not rule.power2_divisions or not p.roundup_applied:
         return max(KMIN, -(-size // KMIN) * KMIN)
@@ -91,7 +97,7 @@ def round_requests(sizes: Any, profile: Profile | str, divisions: int = 0) -> np
     s = np.asarray(sizes, dtype=np.int64)
     if s.size and int(s.min()) <= 0:
         raise ValueError("sizes must be > 0")
-    rule = rounding_rule(p.rounding)
+    rule = rounding_rule_or_default(p.rounding)
     if rule.extra:
         s = s + rule.extra
     if not rule.power2_divisions or not p.roundup_applied or divisions <= 1:

@@ -38,7 +38,7 @@ from ..alloc_conf import settings_from_snapshot
 from ..core.engine import Engine
 from ..core.records import OP, OP_DTYPE
 from ..core.settings import EngineSettings
-from ..devices import rounding_rule
+from ..devices import rounding_rule_or_default
 from ..traces.actions import (
     A_MAP,
     A_SEG_ALLOC,
@@ -75,7 +75,7 @@ def apply_profile(settings: EngineSettings, profile: Profile | str | None,
         notes.append(f"policy {policy!r} given explicitly; profile {p.name} uses {p.policy!r}")
     ch: dict[str, Any] = {}
     divs = settings.divisions()
-    rule = rounding_rule(p.rounding)
+    rule = rounding_rule_or_default(p.rounding)
     if rule.extra:
         ch["round_extra"] = rule.extra
         notes.append(f"{p.name}: requests rounded as ceil((size + {rule.extra}) / 512) * 512")

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..core.records import OP, OP_DTYPE
-from ..devices import rounding_rule
+from ..devices import rounding_rule_or_default
 from ..traces.actions import (
     A_ALLOC,
     A_FREE,
@@ -137,7 +137,7 @@ def build_ops(trace: Any, device: int = 0, profile: Profile | str | None = None,
     """
     prof = resolve_profile(profile, trace.device_type)
     if round_extra is None:
-        round_extra = rounding_rule(prof.rounding).extra
+        round_extra = rounding_rule_or_default(prof.rounding).extra
     ev = trace.events(device)
     if expandable is None:
         expandable = any(s.get("is_expandable") for s in trace.segments
@@ -230,7 +230,7 @@ def build_ops_reusing(cache: dict[Any, dict[str, Any]], trace: Any, device: int 
     """
     prof = resolve_profile(profile, trace.device_type)
     if round_extra is None:
-        round_extra = rounding_rule(prof.rounding).extra
+        round_extra = rounding_rule_or_default(prof.rounding).extra
     if empty_cache is None or empty_cache is False:
         ec_key: Any = empty_cache
     else:

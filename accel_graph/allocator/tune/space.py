@@ -15,7 +15,7 @@ from typing import Any
 from ...errors import ConfigError
 from ..alloc_conf import parse_config
 from ..core.settings import POLICY_KEYS
-from ..devices import config_dialect_of, rounding_rule
+from ..devices import config_dialect_of, rounding_rule_or_default
 from ..sim import profiles as _profiles
 from ..sim.scenario import scenario_profile
 from ..units import MIB
@@ -142,7 +142,7 @@ def build_space(trace: Any, profile: str | _profiles.Profile | None = None,
         skipped.append(("roundup_power2_divisions", f"profile {prof.name} does not honour it"))
     elif ignored_by_policy("roundup_power2_divisions"):
         pass
-    elif not rounding_rule(prof.rounding).power2_divisions:
+    elif not rounding_rule_or_default(prof.rounding).power2_divisions:
         skipped.append(("roundup_power2_divisions",
                         "the xpu allocator rounds to 512 bytes only; the divisions are not applied"))
     elif not prof.roundup_applied:
