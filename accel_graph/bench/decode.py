@@ -25,7 +25,6 @@ from typing import Any
 
 import torch
 
-from ..errors import BackendUnavailable
 from ..models import Decoder, DecoderConfig
 from .timing import (
     count_allocations,
@@ -33,6 +32,14 @@ from .timing import (
     interleaved_samples,
     load_avg,
     summarize_ns,
+)
+from .variant_facts import (
+    UNAVAILABLE,
+    fxgraph_counters,
+    graph_bytes,
+    ops_per_graph,
+    pool_reserved,
+    reason,
 )
 
 __all__ = [
@@ -46,10 +53,6 @@ __all__ = [
 #: Version of the report layout; bump it when a key changes meaning or disappears.
 SCHEMA_VERSION = 1
 VARIANTS = ("eager", "replay", "replay_compiled", "compile")
-
-#: Errors that mean "this variant cannot run here" (no backend yet, not built, not supported).
-#: Anything else, a CaptureError included, is reported as "failed" with its message.
-_UNAVAILABLE = (BackendUnavailable, ImportError, NotImplementedError)
 
 
 @dataclass(frozen=True)
@@ -89,29 +92,14 @@ class DecodeBenchSettings:
             )
 
 
-def _reason(exc: BaseException) -> str:
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
 def _max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.double() - b.double()).abs().max())
 
 
-def _ops_per_graph(g: Any) -> int | None:
-    """The number of ops the backend recorded, where it says (``num_ops``); else None."""
-    value = getattr(getattr(g, "_impl", None), "num_ops", None)
-    if callable(value):
-        value = value()
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def _graph_memory(g: Any) -> int | None:
-    try:
-        value = g.memory_bytes()
-    except Exception:  # optional introspection: absent or not filled yet
-        return None
-    return value if isinstance(value, int) else None
 
 
 def _capture(
@@ -132,12 +120,6 @@ def _capture(
     return g, out, perf_counter() - t0
 
 
-def _graph_bytes(g: Any, what: str) -> int | None:
-    try:
-        value = getattr(g, what)()
-    except Exception:  # optional introspection: absent on some backends
-        return None
-    return value if isinstance(value, int) else None
 
 
 def _setup_replay(
@@ -175,19 +157,19 @@ def _setup_replay(
             del first, first_out
             g, out, capture_s = _capture(model, tokens, positions, compile)
             g.replay()
-    except _UNAVAILABLE as exc:
-        info.update(status="unavailable", reason=_reason(exc))
+    except UNAVAILABLE as exc:
+        info.update(status="unavailable", reason=reason(exc))
         return None, info
     except Exception as exc:  # a broken backend must not take the other variants down
-        info.update(status="failed", reason=_reason(exc))
+        info.update(status="failed", reason=reason(exc))
         return None, info
     info.update(
         capture_ms=capture_s * 1e3,
         first_capture_ms=first_s * 1e3,
-        ops_per_graph=_ops_per_graph(g),
-        graph_memory_bytes=_graph_memory(g),
-        standalone_bytes=_graph_bytes(g, "standalone_bytes"),
-        pool_reserved_bytes=_pool_reserved(g),
+        ops_per_graph=ops_per_graph(g),
+        graph_memory_bytes=graph_bytes(g, "memory_bytes"),
+        standalone_bytes=graph_bytes(g, "standalone_bytes"),
+        pool_reserved_bytes=pool_reserved(g),
         compiled=g.compile_info(),
         bitwise_equal_to_eager=bool(torch.equal(out, ref)),
         max_abs_diff_vs_eager=_max_abs_diff(out, ref),
@@ -196,21 +178,8 @@ def _setup_replay(
     return g.replay, info
 
 
-def _pool_reserved(g: Any) -> int | None:
-    try:
-        stats = g.backend.pool_stats(g.pool())
-    except Exception:  # optional introspection
-        return None
-    return None if stats is None else stats.reserved_bytes
 
 
-def _inductor_cache_counters() -> dict[str, int]:
-    try:
-        from torch._dynamo.utils import counters
-
-        return {k: int(v) for k, v in counters["inductor"].items() if k.startswith("fxgraph_cache")}
-    except Exception:  # private API: report nothing rather than fail
-        return {}
 
 
 def _setup_compile(
@@ -224,7 +193,7 @@ def _setup_compile(
         "fxgraph_cache": None,
         "max_abs_diff_vs_eager": None,
     }
-    before = _inductor_cache_counters()
+    before = fxgraph_counters()
     try:
         compiled = torch.compile(model.decode_step, fullgraph=True, dynamic=False)
         t0 = perf_counter()
@@ -232,9 +201,9 @@ def _setup_compile(
             out = compiled(tokens, positions)
         compile_s = perf_counter() - t0
     except Exception as exc:  # no compiler, unsupported op, ...: say why and carry on
-        info.update(status="failed", reason=_reason(exc))
+        info.update(status="failed", reason=reason(exc))
         return None, info
-    after = _inductor_cache_counters()
+    after = fxgraph_counters()
     info.update(
         compile_s=compile_s,
         fxgraph_cache={k: after[k] - before.get(k, 0) for k in after} or None,

@@ -23,7 +23,6 @@ must also be bitwise equal) after timing. A variant that cannot be built is a ro
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,17 +32,16 @@ from typing import Any
 
 import torch
 
-from ..errors import BackendUnavailable
 from ..foundation.tolerances import tolerance_for
 from ..models import DecoderConfig, ResNet, ResNetConfig
 from .decode import prepare_decoder
 from .timing import hardware_info, interleaved_samples, load_avg, summarize_ns
+from .variant_facts import UNAVAILABLE, counter_delta, fxgraph_counters, reason, replay_mode
 
 __all__ = [
     "MODEL_VARIANTS",
     "MODELS_SCHEMA",
     "ModelBenchSettings",
-    "format_models_report",
     "run_models_bench",
 ]
 
@@ -51,7 +49,6 @@ __all__ = [
 MODELS_SCHEMA = "accel_graph.bench.models/1"
 MODEL_VARIANTS = ("eager", "replay", "replay_compiled", "compile", "compile_max_autotune")
 _COMPILE_MODES = {"compile": "default", "compile_max_autotune": "max-autotune-no-cudagraphs"}
-_UNAVAILABLE = (BackendUnavailable, ImportError, NotImplementedError)
 
 
 @dataclass(frozen=True)
@@ -106,9 +103,6 @@ class _Workload:
     ref: torch.Tensor
 
 
-def _reason(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
 
 
 def _compare(out: torch.Tensor, ref: torch.Tensor) -> tuple[float, bool, bool]:
@@ -119,32 +113,10 @@ def _compare(out: torch.Tensor, ref: torch.Tensor) -> tuple[float, bool, bool]:
     return diff, close, bool(torch.equal(out, ref))
 
 
-def _fxgraph_counters() -> dict[str, int]:
-    try:
-        from torch._dynamo.utils import counters
-
-        return {k: int(v) for k, v in counters["inductor"].items() if k.startswith("fxgraph_cache")}
-    except Exception:  # private API: report nothing rather than fail
-        return {}
 
 
-def _counter_delta(before: dict[str, int]) -> dict[str, int] | None:
-    after = _fxgraph_counters()
-    return {k: after[k] - before.get(k, 0) for k in after} or None
 
 
-def _replay_mode(g: Any) -> Any:
-    """``Graph.replay_mode()`` where this version has it (feature-detected), else None."""
-    fn = getattr(g, "replay_mode", None)
-    if not callable(fn):
-        return None
-    try:
-        mode = fn()
-    except Exception as exc:  # introspection must not break the benchmark
-        return f"unknown ({_reason(exc)})"
-    if dataclasses.is_dataclass(mode) and not isinstance(mode, type):
-        return dataclasses.asdict(mode)  # JSON-ready: mode, reason, medians, where decided
-    return mode if isinstance(mode, (str, dict, type(None))) else str(mode)
 
 
 def _setup_replay(w: _Workload, compile: str | None, row: dict[str, Any]) -> Callable[[], object] | None:
@@ -152,7 +124,7 @@ def _setup_replay(w: _Workload, compile: str | None, row: dict[str, Any]) -> Cal
     Returns the timed callable (``g.replay``), or None with ``row`` saying why."""
     from ..graphs.graph import Graph, graph
 
-    before = _fxgraph_counters()
+    before = fxgraph_counters()
     try:
         w.target(*w.args)  # eager warm-up, as before a CUDA capture
         g = Graph(device="cpu", compile=compile)
@@ -161,11 +133,11 @@ def _setup_replay(w: _Workload, compile: str | None, row: dict[str, Any]) -> Cal
             out = w.target(*w.args)
         row["capture_s"] = perf_counter() - t0
         g.replay()
-    except _UNAVAILABLE as exc:
-        row.update(status="unavailable", reason=_reason(exc))
+    except UNAVAILABLE as exc:
+        row.update(status="unavailable", reason=reason(exc))
         return None
     except Exception as exc:  # one broken variant must not take the others down
-        row.update(status="failed", reason=_reason(exc))
+        row.update(status="failed", reason=reason(exc))
         return None
     info_fn = getattr(g, "compile_info", None)
     info = info_fn() if callable(info_fn) else None
@@ -175,24 +147,24 @@ def _setup_replay(w: _Workload, compile: str | None, row: dict[str, Any]) -> Cal
         if info.get("fallback"):
             row["note"] = f"compile fell back to interpreted replay: {info['fallback']}"
     if compile is not None:
-        row["fxgraph_cache"] = _counter_delta(before)
-    row["replay_mode"] = _replay_mode(g)
+        row["fxgraph_cache"] = counter_delta(before)
+    row["replay_mode"] = replay_mode(g)
     row["_read"], row["_keep"] = (lambda: out), g
     return g.replay
 
 
 def _setup_compile(w: _Workload, mode: str, row: dict[str, Any]) -> Callable[[], object] | None:
     """``torch.compile`` the step in ``mode`` and run it once (the compile, timed)."""
-    before = _fxgraph_counters()
+    before = fxgraph_counters()
     try:
         fn = torch.compile(w.target, fullgraph=True, dynamic=False, mode=mode)
         t0 = perf_counter()
         fn(*w.args)
         row["compile_s"] = perf_counter() - t0
     except Exception as exc:  # no compiler, an unsupported op, ...: say why and carry on
-        row.update(status="failed", reason=_reason(exc))
+        row.update(status="failed", reason=reason(exc))
         return None
-    row["fxgraph_cache"] = _counter_delta(before)
+    row["fxgraph_cache"] = counter_delta(before)
     last: list[torch.Tensor] = []
 
     def call() -> None:
@@ -212,7 +184,7 @@ def _warm_inductor() -> dict[str, Any]:
         fn = torch.compile(lambda x: x * 2 + 1, fullgraph=True, dynamic=False)
         fn(torch.ones(8))
     except Exception as exc:  # the compiled variants will say why in their rows
-        return {"status": "failed", "reason": _reason(exc), "seconds": perf_counter() - t0}
+        return {"status": "failed", "reason": reason(exc), "seconds": perf_counter() - t0}
     return {"status": "ok", "reason": None, "seconds": perf_counter() - t0}
 
 
@@ -272,7 +244,7 @@ def _bench_workload(w: _Workload, s: ModelBenchSettings) -> tuple[list[dict[str,
         fn()  # outputs compared after thousands of interleaved calls on shared state
         diff, close, bitwise = _compare(row["_read"](), w.ref)
         if "_keep" in row:  # after the timed calls: replay="auto" may decide on real replays
-            row["replay_mode"] = _replay_mode(row["_keep"])
+            row["replay_mode"] = replay_mode(row["_keep"])
         row.update(max_abs_diff_vs_eager=diff, matches_eager=close, bitwise_equal_to_eager=bitwise)
         if variant == "replay" and not bitwise:  # interpreted replay runs eager's kernels
             row["matches_eager"] = False
@@ -371,55 +343,3 @@ def _variant_doc(variant: str) -> str:
         "compile": "torch.compile(step, fullgraph=True, dynamic=False)",
         "compile_max_autotune": "torch.compile(..., mode='max-autotune-no-cudagraphs')",
     }[variant]
-
-
-def _num(value: Any, fmt: str) -> str:
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return "-"
-    return format(value, fmt)
-
-
-def format_models_report(report: dict[str, Any]) -> str:
-    """The human-readable table of a :func:`run_models_bench` report."""
-    hw, st, load = report["hardware"], report["settings"], report["load_avg"]
-    load_s = (f"{load['start'][0]:.2f} -> {load['end'][0]:.2f}"
-              if load.get("start") and load.get("end") else "-")
-    lines = [
-        "accel-graph bench --models: eager (inference_mode) vs replay vs compiled replay vs torch.compile",
-        f"cpu: {hw['cpu']} | nproc {hw['nproc']} | torch {hw['torch']} | threads {st['threads']} | "
-        f"load avg {load_s} | wall {report['wall_s']:.0f} s",
-        "",
-        f"{'model':<8} {'batch':>5} {'variant':<21} {'median us':>10} {'p10':>9} {'p90':>9} "
-        f"{'x eager':>7} {'x compile':>9} {'compile s':>9} {'match':>5}  note",
-    ]
-    for r in report["rows"]:
-        note = r["note"] or ""
-        if r["status"] != "ok":
-            note = f"{r['status']}: {r['reason']}"
-        elif isinstance(r["replay_mode"], dict):
-            m = r["replay_mode"]
-            where = f", decided at {m['decided_at']}" if m.get("decided_at") else ""
-            note = f"ran {m.get('mode')}{where} {note}".strip()
-        elif r["replay_mode"] is not None:
-            note = f"replay_mode {r['replay_mode']} {note}".strip()
-        if r["compile_cache"] == "hit":
-            note = f"(compile cache hit) {note}".strip()
-        fx = r.get("fxgraph_cache") or {}
-        if fx.get("fxgraph_cache_hit") or fx.get("fxgraph_cache_miss"):
-            note = (f"FX cache {fx.get('fxgraph_cache_hit', 0)} hit/"
-                    f"{fx.get('fxgraph_cache_miss', 0)} miss {note}").strip()
-        match = "-" if r["matches_eager"] is None else ("yes" if r["matches_eager"] else "NO")
-        lines.append(
-            f"{r['model']:<8} {r['batch']:>5} {r['variant']:<21} {_num(r['median_us'], '.1f'):>10} "
-            f"{_num(r['p10_us'], '.1f'):>9} {_num(r['p90_us'], '.1f'):>9} "
-            f"{_num(r['ratio_vs_eager'], '.3f'):>7} {_num(r['ratio_vs_torch_compile'], '.3f'):>9} "
-            f"{_num(r['compile_s'], '.1f'):>9} {match:>5}  {note}"
-        )
-    warm = report.get("inductor_warmup")
-    if warm:
-        lines += ["", f"Inductor warm-up (once-per-process costs, before the compiles above): "
-                  f"{warm['seconds']:.1f} s" + (f", {warm['reason']}" if warm["reason"] else "")]
-    rounds = ", ".join(f"{k} {v}" for k, v in st["rounds"].items())
-    lines += ["", f"rounds of {st['calls_per_round']} calls per variant: {rounds}; "
-              "x compile = median / torch.compile (default) median; compile s not counted above"]
-    return "\n".join(lines) + "\n"

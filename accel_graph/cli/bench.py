@@ -19,7 +19,7 @@ from typing import Any
 from ..errors import ConfigError
 from .output import write_json
 
-__all__ = ["add_arguments", "format_report", "run"]
+__all__ = ["add_arguments", "format_models_report", "format_report", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -129,7 +129,7 @@ def _given(args: argparse.Namespace, name: str, default: int) -> int:
 
 
 def _run_models(args: argparse.Namespace) -> dict[str, Any]:
-    from ..bench.models import ModelBenchSettings, format_models_report, run_models_bench
+    from ..bench.models import ModelBenchSettings, run_models_bench
 
     d = ModelBenchSettings()
     settings = ModelBenchSettings(
@@ -255,4 +255,50 @@ def format_report(report: dict[str, Any]) -> str:
             f"compile  batch {comp['batch']}: {comp['compile_s']:.2f} s (not counted above), "
             f"max |compiled - eager| {comp['max_abs_diff_vs_eager']:.2e}"
         )
+    return "\n".join(lines) + "\n"
+
+
+def format_models_report(report: dict[str, Any]) -> str:
+    """The human-readable table of a report from ``run_models_bench`` (``--models``)."""
+    hw, st, load = report["hardware"], report["settings"], report["load_avg"]
+    load_s = (f"{load['start'][0]:.2f} -> {load['end'][0]:.2f}"
+              if load.get("start") and load.get("end") else "-")
+    lines = [
+        "accel-graph bench --models: eager (inference_mode) vs replay vs compiled replay vs torch.compile",
+        f"cpu: {hw['cpu']} | nproc {hw['nproc']} | torch {hw['torch']} | threads {st['threads']} | "
+        f"load avg {load_s} | wall {report['wall_s']:.0f} s",
+        "",
+        f"{'model':<8} {'batch':>5} {'variant':<21} {'median us':>10} {'p10':>9} {'p90':>9} "
+        f"{'x eager':>7} {'x compile':>9} {'compile s':>9} {'match':>5}  note",
+    ]
+    for r in report["rows"]:
+        note = r["note"] or ""
+        if r["status"] != "ok":
+            note = f"{r['status']}: {r['reason']}"
+        elif isinstance(r["replay_mode"], dict):
+            m = r["replay_mode"]
+            where = f", decided at {m['decided_at']}" if m.get("decided_at") else ""
+            note = f"ran {m.get('mode')}{where} {note}".strip()
+        elif r["replay_mode"] is not None:
+            note = f"replay_mode {r['replay_mode']} {note}".strip()
+        if r["compile_cache"] == "hit":
+            note = f"(compile cache hit) {note}".strip()
+        fx = r.get("fxgraph_cache") or {}
+        if fx.get("fxgraph_cache_hit") or fx.get("fxgraph_cache_miss"):
+            note = (f"FX cache {fx.get('fxgraph_cache_hit', 0)} hit/"
+                    f"{fx.get('fxgraph_cache_miss', 0)} miss {note}").strip()
+        match = "-" if r["matches_eager"] is None else ("yes" if r["matches_eager"] else "NO")
+        lines.append(
+            f"{r['model']:<8} {r['batch']:>5} {r['variant']:<21} {_num(r['median_us'], '.1f'):>10} "
+            f"{_num(r['p10_us'], '.1f'):>9} {_num(r['p90_us'], '.1f'):>9} "
+            f"{_num(r['ratio_vs_eager'], '.3f'):>7} {_num(r['ratio_vs_torch_compile'], '.3f'):>9} "
+            f"{_num(r['compile_s'], '.1f'):>9} {match:>5}  {note}"
+        )
+    warm = report.get("inductor_warmup")
+    if warm:
+        lines += ["", f"Inductor warm-up (once-per-process costs, before the compiles above): "
+                  f"{warm['seconds']:.1f} s" + (f", {warm['reason']}" if warm["reason"] else "")]
+    rounds = ", ".join(f"{k} {v}" for k, v in st["rounds"].items())
+    lines += ["", f"rounds of {st['calls_per_round']} calls per variant: {rounds}; "
+              "x compile = median / torch.compile (default) median; compile s not counted above"]
     return "\n".join(lines) + "\n"

@@ -16,6 +16,10 @@ What it does, in one process on the default device (the CPU recorder on a CPU-on
 
 Table on stdout; ``--json PATH`` writes the report (schema ``accel_graph.demo/1``, documented
 in ``docs/runner.md``).
+
+This module is the command and steps 1-3 (the model, the runner, the served stream and its token
+check); the timings of step 4 are :mod:`accel_graph.cli.demo_timing`, the tables
+:mod:`accel_graph.cli.demo_text`, and ``--tp`` is :mod:`accel_graph.cli.demo_tp`.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ import torch
 
 from ..bench.tokens import compare_greedy
 from ..errors import ConfigError
+from .demo_text import format_report
+from .demo_timing import batch1_decode, bucket_timings, multistep_decode
 from .output import write_json
 
 __all__ = ["SCHEMA", "add_arguments", "format_report", "run", "run_demo"]
@@ -169,104 +175,6 @@ def _serve(model: Any, runner: Any, requests: list[torch.Tensor], new_tokens: in
     }
 
 
-def _batch1_decode(model: Any, runner: Any, new_tokens: int, rounds: int) -> dict[str, Any]:
-    """Greedy decoding of one sequence, eager vs through the runner, interleaved generation by
-    generation; tokens/s from the median generation time."""
-    from ..bench.timing import interleaved_samples
-    from ..models import greedy_generate
-
-    prompt = torch.arange(4, dtype=torch.int64).unsqueeze(0)
-    variants = {
-        "eager": lambda: greedy_generate(model, prompt, new_tokens),
-        "graph": lambda: greedy_generate(model, prompt, new_tokens, step=runner),
-    }
-    s = interleaved_samples(variants, rounds=rounds, calls_per_round=1, warmup=1)
-    med = {k: sorted(v)[len(v) // 2] / 1e9 for k, v in s.items()}
-    return {
-        "batch": 1, "new_tokens": new_tokens, "rounds": rounds,
-        "eager_tokens_per_s": new_tokens / med["eager"],
-        "graph_tokens_per_s": new_tokens / med["graph"],
-        "speedup": med["eager"] / med["graph"],
-    }
-
-
-def _multistep(model: Any, runner: Any, new_tokens: int, rounds: int,
-               compile: str | None = None) -> dict[str, Any]:
-    """Batch 1: ``new_tokens`` greedy tokens from one replay of a graph of
-    ``Decoder.decode_steps`` (a ``torch.while_loop``; replayed as ``compile`` says, like the
-    runner's graphs: compiled, its predicate and body are Inductor programs and the loop runs on
-    the host) beside the runner's one-step replays; tokens checked against eager."""
-    from .. import Graph, graph
-    from ..bench.timing import interleaved_samples
-    from ..models import greedy_generate
-
-    prompt = torch.arange(4, dtype=torch.int64).unsqueeze(0)
-    t = prompt.shape[1]
-    tok, pos = torch.zeros(1, dtype=torch.int64), torch.zeros(1, dtype=torch.int64)
-    g = Graph(device=prompt.device, compile=compile)
-    with graph(g):
-        out, count = model.decode_steps(tok, pos, steps=new_tokens)
-
-    def multi() -> torch.Tensor:
-        model.reset_cache()
-        for i in range(t - 1):  # the prompt, one step at a time (as greedy_generate does)
-            runner(prompt[:, i].contiguous(), torch.full((1,), i, dtype=torch.int64))
-        tok.copy_(prompt[:, t - 1])
-        pos.fill_(t - 1)
-        g.replay()
-        return torch.cat([prompt, out], dim=1)
-
-    eager = greedy_generate(model, prompt, new_tokens)
-    equal = bool(torch.equal(multi(), eager)) and int(count) == new_tokens
-    s = interleaved_samples({"one_step": lambda: greedy_generate(model, prompt, new_tokens, step=runner),
-                             "multi_step": multi}, rounds=rounds, calls_per_round=1, warmup=1)
-    med = {k: sorted(v)[len(v) // 2] / 1e9 for k, v in s.items()}
-    return {"batch": 1, "new_tokens": new_tokens, "rounds": rounds, "tokens_equal_eager": equal,
-            "one_step_tokens_per_s": new_tokens / med["one_step"],
-            "multi_step_tokens_per_s": new_tokens / med["multi_step"],
-            "multi_vs_one_step": med["one_step"] / med["multi_step"]}
-
-
-def _bench(model: Any, runner: Any, buckets: list[int], iters: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Per-bucket step medians (runner call vs eager) and the runner overhead at batch 1."""
-    from .. import GraphRunner
-    from ..bench.timing import interleaved_samples, summarize_ns
-
-    per_round = 10
-    rounds = max(1, iters // per_round)
-    rows = []
-    cfg = model.config
-    for b in buckets:
-        tok = torch.arange(b, dtype=torch.int64) % cfg.vocab_size
-        pos = torch.full((b,), 8, dtype=torch.int64)
-        variants = {"eager": lambda tok=tok, pos=pos: model.decode_step(tok, pos),
-                    "graph": lambda tok=tok, pos=pos: runner(tok, pos)}
-        s = interleaved_samples(variants, rounds=rounds, calls_per_round=per_round, warmup=3)
-        e, g = summarize_ns(s["eager"])["median_us"], summarize_ns(s["graph"])["median_us"]
-        rows.append({"bucket": b, "eager_step_us": e, "graph_step_us": g, "speedup": e / g})
-    # Overhead: the runner's pad/copy/replay/slice minus a bare replay of the same graph, on the
-    # decoder's batch-1 graph and on a tiny step whose replay costs almost nothing (there the
-    # difference is not drowned in the replay's own noise).
-    overhead: dict[str, Any] = {"batch": 1}
-    tok1, pos1 = torch.zeros(1, dtype=torch.int64), torch.full((1,), 8, dtype=torch.int64)
-    g1 = runner.graph(buckets[0]) if buckets[0] == 1 else None
-    if g1 is not None:
-        s = interleaved_samples({"runner": lambda: runner(tok1, pos1), "bare": g1.replay},
-                                rounds=rounds * 2, calls_per_round=per_round, warmup=3)
-        r_us, b_us = summarize_ns(s["runner"])["median_us"], summarize_ns(s["bare"])["median_us"]
-        overhead["decoder_runner_us"], overhead["decoder_bare_replay_us"] = r_us, b_us
-        overhead["decoder_overhead_us"] = r_us - b_us
-    x = torch.zeros(1, 64)
-    tiny = GraphRunner(lambda v: v * 2 + 1, (x,), buckets=[1, 2], verify=False, progress=False).capture()
-    gt = tiny.graph(1)
-    assert gt is not None
-    s = interleaved_samples({"runner": lambda: tiny(x), "bare": gt.replay},
-                            rounds=max(100, rounds * 5), calls_per_round=per_round, warmup=10)
-    r_us, b_us = summarize_ns(s["runner"])["median_us"], summarize_ns(s["bare"])["median_us"]
-    overhead.update(tiny_runner_us=r_us, tiny_bare_replay_us=b_us, tiny_overhead_us=r_us - b_us)
-    return rows, overhead
-
-
 def run_demo(*, buckets: list[int] | tuple[int, ...] = (1, 2, 4), requests: int = 12,
              new_tokens: int = 24, compile: bool = True, threads: int = 1, bench_iters: int = 200,
              seed: int = 0) -> dict[str, Any]:
@@ -293,10 +201,10 @@ def run_demo(*, buckets: list[int] | tuple[int, ...] = (1, 2, 4), requests: int 
         stream = make_requests(seed, requests, max(buckets), cfg.vocab_size)
         with torch.inference_mode():
             serving = _serve(model, runner, stream, new_tokens)
-            rows, overhead = _bench(model, runner, buckets, bench_iters) if bench_iters else ([], {})
-            batch1 = (_batch1_decode(model, runner, new_tokens, max(3, bench_iters // 10))
+            rows, overhead = bucket_timings(model, runner, buckets, bench_iters) if bench_iters else ([], {})
+            batch1 = (batch1_decode(model, runner, new_tokens, max(3, bench_iters // 10))
                       if bench_iters and 1 in buckets else None)
-            multistep = (_multistep(model, runner, min(new_tokens, 8), max(3, bench_iters // 10),
+            multistep = (multistep_decode(model, runner, min(new_tokens, 8), max(3, bench_iters // 10),
                                     "inductor" if compile else None)
                          if bench_iters and 1 in buckets else None)
         memory = runner.memory_report()
@@ -342,80 +250,3 @@ def run_demo(*, buckets: list[int] | tuple[int, ...] = (1, 2, 4), requests: int 
                   "mismatches": len(serving["mismatches"])},
         "wall_s": time.perf_counter() - t_start,
     }
-
-
-def _f(value: Any, fmt: str) -> str:
-    return "-" if value is None else format(value, fmt)
-
-
-def format_report(report: dict[str, Any]) -> str:
-    """The human-readable tables of a :func:`run_demo` report."""
-    hw, st, sv = report["hardware"], report["settings"], report["serving"]
-    mib = 1 / 2**20
-    lines = [
-        f"accel-graph demo: {report['model']['name']} ({report['model']['parameters']:,} "
-        f"parameters), buckets {st['buckets']}, replay "
-        f"{'compiled (inductor)' if st['compile'] else 'as captured'}",
-        f"cpu: {hw['cpu']} | nproc {hw['nproc']} | torch {hw['torch']} | threads {hw['threads']}",
-        "",
-        f"{'bucket':>6} {'capture ms':>10} {'MiB incr':>9} {'MiB alone':>9} "
-        f"{'replay us':>10} {'eager us':>9} {'speedup':>8}  note",
-    ]
-    for row in report["buckets"]:
-        note = "" if row["status"] == "captured" else f"{row['status']}: {row['reason']}"
-        if row.get("compile_fallback"):
-            note += f"compile fell back: {row['compile_fallback']}"
-        inc, alone = row["incremental_bytes"], row["standalone_bytes"]
-        lines.append(
-            f"{row['bucket']:>6} {_f(row['capture_ms'], '.0f'):>10} "
-            f"{_f(None if inc is None else inc * mib, '.2f'):>9} "
-            f"{_f(None if alone is None else alone * mib, '.2f'):>9} "
-            f"{_f(row['graph_step_us'], '.1f'):>10} {_f(row['eager_step_us'], '.1f'):>9} "
-            f"{_f(row['speedup'], '.2f'):>7}x  {note}")
-    pool = report["pool_reserved_bytes"]
-    lines += [
-        f"pool: {_f(None if pool is None else pool * mib, '.2f')} MiB reserved; capture "
-        f"(with compile) {report['capture_s']:.1f} s",
-        "",
-        f"served {sv['requests']} requests (batch sizes {sv['batch_sizes']}), "
-        f"{sv['generated_tokens']} tokens each way:",
-        f"  eager {_f(sv['eager_tokens_per_s'], '.0f')} tokens/s | graph "
-        f"{_f(sv['graph_tokens_per_s'], '.0f')} tokens/s | speedup {_f(sv['speedup'], '.2f')}x",
-    ]
-    b1 = report.get("batch1")
-    if b1:
-        lines.append(
-            f"  batch 1 alone ({b1['new_tokens']} tokens, median of {b1['rounds']} interleaved "
-            f"generations): eager {b1['eager_tokens_per_s']:.0f} tokens/s | graph "
-            f"{b1['graph_tokens_per_s']:.0f} tokens/s | speedup {b1['speedup']:.2f}x")
-    ms = report.get("multistep")
-    if ms:
-        lines.append(
-            f"  multi-step decode (batch 1, {ms['new_tokens']} tokens in one "
-            f"{'compiled' if st['compile'] else 'interpreted'} replay of a torch.while_loop graph"
-            f"{', body and predicate compiled, loop on the host' if st['compile'] else ''}): "
-            f"{ms['multi_step_tokens_per_s']:.0f} tokens/s vs "
-            f"{ms['one_step_tokens_per_s']:.0f} one step per replay"
-            f"{' (compiled)' if st['compile'] else ''} ({ms['multi_vs_one_step']:.2f}x); "
-            f"tokens equal to eager: {'yes' if ms['tokens_equal_eager'] else 'NO'}")
-    ov = report["overhead"]
-    if ov:
-        line = (f"runner overhead per call at batch 1 (median runner call - median bare replay): "
-                f"{ov['tiny_overhead_us']:.1f} us on a tiny step ({ov['tiny_runner_us']:.1f} - "
-                f"{ov['tiny_bare_replay_us']:.1f})")
-        if "decoder_overhead_us" in ov:
-            line += (f"; {ov['decoder_overhead_us']:.1f} us on the decoder's graph "
-                     f"({ov['decoder_runner_us']:.1f} - {ov['decoder_bare_replay_us']:.1f}; "
-                     f"within that replay's own run-to-run noise)")
-        lines.append(line)
-    ck = report["check"]
-    verdict = "OK" if ck["ok"] else "FAILED"
-    lines.append(
-        f"greedy tokens, graph vs eager: {verdict}: {sv['tokens_compared']} compared, "
-        f"{ck['near_ties']} near-tie differences (eager's top-2 logits within fp32 tolerance), "
-        f"{ck['mismatches']} other differences")
-    for m in sv["mismatches"][:5]:
-        lines.append(f"  request {m['request']} row {m['row']} position {m['position']}: eager "
-                     f"{m['eager']} vs graph {m['graph']} (top-2 gap {m['top2_gap']:.3g})")
-    lines.append(f"wall time {report['wall_s']:.1f} s")
-    return "\n".join(lines) + "\n"

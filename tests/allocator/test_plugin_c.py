@@ -160,9 +160,9 @@ def test_core_exports_the_abi_and_control_symbols() -> None:
 
 
 def test_doctor_reports_the_plugin_symbols_present() -> None:
-    from accel_graph.cli import doctor
+    from accel_graph.cli import doctor_sections
 
-    st = doctor._plugin_status()
+    st = doctor_sections.plugin_status()
     assert st["core_built"] and st["abi_symbols"] and st["control_symbols"]
     assert st["missing_symbols"] == []
 

@@ -16,6 +16,7 @@ import torch
 
 import accel_graph.backends.recorder.compiled.choice as compiled_choice
 from accel_graph.bench import models as bench_models
+from accel_graph.cli.bench import format_models_report
 from accel_graph.cli.main import main
 from accel_graph.models import ResNet, ResNetConfig
 
@@ -92,7 +93,7 @@ def test_failures_are_rows_not_crashes(monkeypatch: pytest.MonkeyPatch) -> None:
     fell = rows["replay_compiled"]
     assert fell["status"] == "ok" and _positive(fell["median_us"]) and fell["matches_eager"]
     assert "Inductor refused the program" in fell["note"]
-    table = bench_models.format_models_report(report)
+    table = format_models_report(report)
     assert "failed: RuntimeError: no C++ compiler here" in table
     assert "compile fell back" in table
 
