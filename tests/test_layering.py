@@ -40,7 +40,8 @@ ARCHITECTURE = ROOT.parent / "docs" / "architecture.md"
 #: Lowest first. A module's layer is the one of the longest prefix that names it.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("accel_graph.foundation", "accel_graph.errors"),
-    ("accel_graph.allocator.units", "accel_graph.allocator.alloc_conf"),
+    ("accel_graph.allocator.units", "accel_graph.allocator.alloc_conf",
+     "accel_graph.allocator.devices"),
     ("accel_graph.allocator.traces",),
     ("accel_graph.allocator.core",),
     ("accel_graph.allocator.sim",),

@@ -16,7 +16,8 @@ from accel_graph.allocator.sim.torch_shaped import USER_FILE, torch_frames, warm
 from accel_graph.allocator.sim.trace_ops import recorded_summary
 from accel_graph.allocator.traces import save_trace
 from accel_graph.allocator.tune.ranking import Candidate, rank
-from accel_graph.allocator.tune.search import WARNING_FREE_SLACK, _prefer_warning_free
+from accel_graph.allocator.tune.recommend import WARNING_FREE_SLACK
+from accel_graph.allocator.tune.recommend import prefer_warning_free as _prefer_warning_free
 from accel_graph.allocator.tune.versions import infer_torch, knob_requirements, version_warnings
 from accel_graph.cli.alloc import options
 

@@ -12,8 +12,8 @@ from accel_graph.allocator.analysis.inspect import (
     SCHEMA,
     WASTE_COMPONENTS,
     inspect_trace,
-    layout_at,
 )
+from accel_graph.allocator.analysis.layout import layout_at
 from accel_graph.allocator.analysis.sites import top_user_frame
 from accel_graph.allocator.sim.fidelity import find_npu_traces
 from accel_graph.allocator.sim.trace_ops import recorded_summary

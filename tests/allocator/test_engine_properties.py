@@ -16,7 +16,8 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from accel_graph.allocator.core.engine import OP, OP_FIELDS, Engine
+from accel_graph.allocator.core.engine import OP, Engine
+from accel_graph.allocator.core.records import OP_FIELDS
 from accel_graph.allocator.core.settings import EngineSettings, round_size
 from accel_graph.errors import ConfigError, OutOfMemoryError
 

@@ -12,7 +12,8 @@ import pytest
 
 from accel_graph.allocator.sim.fidelity import TWINS, fidelity_table, find_npu_traces
 from accel_graph.allocator.sim.replayer import replay_trace
-from accel_graph.allocator.sim.trace_ops import infer_start_state, recorded_summary
+from accel_graph.allocator.sim.trace_ops import recorded_summary
+from accel_graph.allocator.sim.trace_state import infer_start_state
 from accel_graph.allocator.traces import load_trace
 
 NPU = find_npu_traces(Path(__file__).resolve().parents[2])

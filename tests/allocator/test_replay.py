@@ -10,13 +10,8 @@ import pytest
 from accel_graph.allocator.core.engine import Engine
 from accel_graph.allocator.core.settings import EngineSettings
 from accel_graph.allocator.sim.replayer import replay_trace
-from accel_graph.allocator.sim.trace_ops import (
-    build_ops,
-    infer_empty_cache,
-    infer_pools,
-    pool_number,
-    recorded_summary,
-)
+from accel_graph.allocator.sim.trace_ops import build_ops, recorded_summary
+from accel_graph.allocator.sim.trace_state import infer_empty_cache, infer_pools, pool_number
 from accel_graph.allocator.traces import Trace, segments_from_layout
 from accel_graph.allocator.traces.actions import ACTION_CODE
 

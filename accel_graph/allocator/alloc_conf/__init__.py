@@ -25,9 +25,11 @@ Contract:
 The parse deliberately walks torch's token stream index by index, because torch's grammar is
 defined by that walk (separators are skipped, not checked), not by a clean BNF.
 
-Modules: ``settings`` (:class:`AllocatorSettings` and the constants), ``rules`` (the parser
-rules per torch version), ``grammar`` (the token walk, :func:`parse_config`), ``numbers`` (torch-exact ``stoull``/``stod`` and the tokenizer),
-``sources`` (settings from the environment or from a memory snapshot).
+Modules, lowest first: ``numbers`` (torch-exact ``stoull``/``stod`` and the tokenizer),
+``tokens`` (the token walk every key handler stands on: token access, value conversions, the
+roundup list, the error messages), ``settings`` (:class:`AllocatorSettings` and the constants),
+``rules`` (the parser rules per torch version), ``grammar`` (the keys of each pass,
+:func:`parse_config`), ``sources`` (settings from the environment or from a memory snapshot).
 """
 
 from __future__ import annotations

@@ -8,9 +8,11 @@
 from __future__ import annotations
 
 from ...errors import ConfigError
-from .numbers import SEPARATORS, Malformed, NumberError, is_pow2, stod, stoull, tokenize
+from ..devices import config_dialect
+from .numbers import SEPARATORS, Malformed, is_pow2
 from .rules import NEWEST_RULES, RULES, ParserRules, rules_for
-from .settings import DEVICES, MIB, ROUNDUP_INTERVALS, SIZE_MAX, AllocatorSettings
+from .settings import MIB, SIZE_MAX, AllocatorSettings
+from .tokens import TokenWalk
 
 __all__ = ["CORE_KEYS", "CUDA_KEYS", "ConfigParser", "parse_config"]
 
@@ -19,102 +21,14 @@ CORE_KEYS = RULES[NEWEST_RULES].core_keys
 CUDA_KEYS = RULES[NEWEST_RULES].cuda_keys
 _MAX_PINNED_REGISTER_THREADS = 128
 
-_LEGAL = {
-    "large_segment_size_mb": "an integer number of MiB > 10 (default 20)",
-    "max_split_size_mb": "an integer number of MiB >= large_segment_size_mb (20 by default); "
-    "default unlimited",
-    "max_non_split_rounding_mb": "an integer number of MiB >= large_segment_size_mb "
-    "(20 by default); default = large_segment_size_mb",
-    "garbage_collection_threshold": "a number strictly between 0.0 and 1.0; default 0 (off)",
-    "roundup_power2_divisions": "a power of 2 for every interval, or a list [K:d,...,>:d] with "
-    "K a power-of-2 MiB boundary and d a power of 2 or 0",
-    "pinned_max_round_threshold_mb": "an integer number of MiB; default unlimited",
-    "pinned_max_cached_size_mb": "an integer number of MiB; default unlimited",
-    "backend": "native or cudaMallocAsync",
-    "pinned_num_register_threads": "a power of 2 <= 128; default 1",
-    "pinned_reserve_segment_size_mb": "an integer number of MiB > 0; default 0 (off)",
-    "per_process_memory_fraction": "a number in [0.0, 1.0]; default 1.0",
-}
-_BOOL_LEGAL = "exactly True or False (case-sensitive)"
-_SYNTAX = "entries are key:value separated by ',', list values are [a:b,c:d]"
 
-
-def legal_values(key: str, device: str) -> str:
-    if key == "backend" and device == "hip":
-        return "native, cudaMallocAsync or hipMallocAsync"
-    return _LEGAL.get(key, _BOOL_LEGAL)
-
-
-class ConfigParser:
+class ConfigParser(TokenWalk):
     """One parse of one string for one device: torch's token walk with our error messages."""
 
     def __init__(self, text: str, device: str, rules: ParserRules | None = None) -> None:
-        self.text = text
-        self.device = device
+        super().__init__(text, device)
         self.rules = rules_for(rules)
-        self.tokens = tokenize(text)
-        self.key = ""
-        self.values: dict[str, object] = {}
-
-    # -- token access: out-of-bounds is torch's internal assert, a malformed string for us
-    def tok(self, i: int) -> str:
-        if i >= len(self.tokens):
-            raise Malformed(i)
-        return self.tokens[i]
-
-    def check(self, i: int, token: str) -> bool:
-        return self.tok(i) == token
-
-    def error(self, message: str) -> ConfigError:
-        key = self.key
-        err = ConfigError(
-            f"invalid allocator config {self.text!r}: {message.rstrip()} "
-            f"(key '{key}': legal values are {legal_values(key, self.device)})"
-        )
-        err.key = key  # type: ignore[attr-defined]
-        return err
-
-    def to_size(self, i: int) -> int:
-        token = self.tok(i)
-        try:
-            return stoull(token)
-        except NumberError as e:
-            what = (
-                "is out of range for a 64-bit unsigned integer"
-                if e.out_of_range
-                else ("is not a non-negative integer")
-            )
-            raise self.error(f"value '{token}' of {self.key} {what}") from None
-
-    def to_double(self, i: int) -> float:
-        token = self.tok(i)
-        try:
-            return stod(token)
-        except NumberError as e:
-            what = "is out of the range of a double" if e.out_of_range else "is not a number"
-            raise self.error(f"value '{token}' of {self.key} {what}") from None
-
-    def to_bool(self, i: int) -> bool:
-        token = self.tok(i)
-        if token == "True":
-            return True
-        if token == "False":
-            return False
-        raise self.error(
-            f"Expected 'True' or 'False' at index {i} in ConfigTokenizer but got '{token}'"
-        )
-
-    def skip_key(self, i: int) -> int:
-        self.check(i + 1, ":")  # result ignored, as in torch: only the bounds matter
-        i += 2
-        if self.tok(i) != "[":
-            return i
-        i += 1
-        while i < len(self.tokens) and self.tokens[i] != "]":
-            i += 1
-        if i >= len(self.tokens):
-            raise Malformed(i)
-        return i
+        self.dialect = config_dialect(device)
 
     # -- the core (AcceleratorAllocatorConfig) keys
     def parse_large_segment(self, i: int) -> int:
@@ -148,56 +62,6 @@ class ConfigParser:
         self.values["garbage_collection_threshold"] = value
         return i
 
-    def parse_roundup(self, i: int) -> int:
-        self.key = "roundup_power2_divisions"
-        self.check(i + 1, ":")
-        i += 2
-        divs = [0] * ROUNDUP_INTERVALS
-        if self.tok(i) == "[":
-            first_value = True
-            last_index = 0
-            i += 1
-            while i < len(self.tokens) and self.tokens[i] != "]":
-                boundary_index = i
-                self.check(i + 1, ":")
-                i += 2
-                value = self.to_size(i)
-                if not (value == 0 or is_pow2(value)):
-                    raise self.error(
-                        "For roundups, the divisions has to be power of 2 or 0 to disable roundup "
-                    )
-                if self.tokens[boundary_index] == ">":
-                    for j in range(last_index + 1, ROUNDUP_INTERVALS):
-                        divs[j] = value
-                else:
-                    boundary = self.to_size(boundary_index)
-                    if not is_pow2(boundary):
-                        raise self.error("For roundups, the intervals have to be power of 2 ")
-                    index = min(boundary.bit_length() - 1, ROUNDUP_INTERVALS - 1)
-                    if first_value:
-                        divs[:index] = [value] * index
-                        first_value = False
-                    divs[index] = value
-                    last_index = index
-                if self.tok(i + 1) != "]":
-                    i += 1  # torch's checkToken(',') result is ignored
-                i += 1
-            if i >= len(self.tokens):
-                raise Malformed(i)
-        else:
-            value = self.to_size(i)
-            if not is_pow2(value):
-                raise self.error("For roundups, the divisions has to be power of 2 ")
-            divs = [value] * ROUNDUP_INTERVALS
-        self.values["roundup_power2_divisions"] = tuple(divs)
-        return i
-
-    def parse_bool(self, i: int, key: str, name: str) -> int:
-        self.key = key
-        self.check(i + 1, ":")
-        i += 2
-        self.values[name] = self.to_bool(i)
-        return i
 
     def parse_pinned_mb(self, i: int, key: str, name: str) -> int:
         self.key = key
@@ -218,7 +82,7 @@ class ConfigParser:
             i += 1
         self.values["max_non_split_rounding_size"] = self.values["large_segment_size"]
         known = set(self.rules.core_keys)
-        if self.device in ("cuda", "hip"):
+        if self.dialect.cuda_hook:
             known.update(self.rules.cuda_keys)
         i = 0
         while i < n:
@@ -240,7 +104,7 @@ class ConfigParser:
                   and key in self.rules.core_keys):  # torch 2.11 does not know them
                 i = self.parse_pinned_mb(i, key, key[: -len("_mb")])
             else:
-                if self.device != "cpu" and key not in known:
+                if self.dialect.refuses_unknown_keys and key not in known:
                     raise self.unrecognized(key)
                 i = self.skip_key(i)
             if i + 1 < n:
@@ -249,7 +113,7 @@ class ConfigParser:
 
     def unrecognized(self, key: str) -> ConfigError:
         keys = list(self.rules.core_keys) + (
-            list(self.rules.cuda_keys) if self.device in ("cuda", "hip") else []
+            list(self.rules.cuda_keys) if self.dialect.cuda_hook else []
         )
         hint = " (a stray separator where a key was expected)" if key in SEPARATORS else ""
         err = ConfigError(
@@ -269,16 +133,13 @@ class ConfigParser:
             if key == "backend":
                 self.check(i + 1, ":")
                 i += 2
-                options = ("native", "cudaMallocAsync")
-                message = "Unknown allocator backend, options are native and cudaMallocAsync"
-                if self.device == "hip":
-                    options += ("hipMallocAsync",)
-                    message = (
-                        "Unknown allocator backend, options are native, cudaMallocAsync, "
-                        "and hipMallocAsync"
-                    )
+                options = self.dialect.backends
                 if self.tok(i) not in options:
-                    raise self.error(message)
+                    # torch's words: "a and b", or "a, b, and c"
+                    *first, last = options
+                    listed = (f"{first[0]} and {last}" if len(first) == 1
+                              else f"{', '.join(first)}, and {last}")
+                    raise self.error(f"Unknown allocator backend, options are {listed}")
                 self.values["backend"] = self.tok(i)
             elif key in ("release_lock_on_cudamalloc", "release_lock_on_hipmalloc"):
                 i = self.parse_bool(i, key, "release_lock_on_cudamalloc")
@@ -324,27 +185,12 @@ class ConfigParser:
                 i += 1
             i += 1
 
-    def malformed(self, index: int) -> ConfigError:
-        key = self.key
-        if key in SEPARATORS:
-            what = f"a stray '{key}' where a key was expected (empty entry?)"
-        elif any(t == "[" for t in self.tokens) and index >= len(self.tokens):
-            what = f"the string ends inside the value of '{key}' (missing value or ']'?)"
-        else:
-            what = f"key '{key}' has no value (expected '{key}:<value>')"
-        err = ConfigError(
-            f"malformed allocator config {self.text!r}: {what}; {_SYNTAX}. "
-            "(torch itself fails here with an internal assert, "
-            "'Index out of bounds in ConfigTokenizer'.)"
-        )
-        err.key = key  # type: ignore[attr-defined]
-        return err
 
     def run(self) -> AllocatorSettings:
         self.values["large_segment_size"] = 20 * MIB
         try:
             self.core_pass()
-            if self.device in ("cuda", "hip"):
+            if self.dialect.cuda_hook:
                 self.device_pass()
         except Malformed as e:
             raise self.malformed(e.args[0]) from None
@@ -366,6 +212,5 @@ def parse_config(
     """
     if not isinstance(text, str):
         raise ConfigError(f"an allocator config must be a str, got {type(text).__name__}")
-    if device not in DEVICES:
-        raise ConfigError(f"device must be one of {', '.join(DEVICES)}; got {device!r}")
+    config_dialect(device)  # raises ConfigError naming the devices
     return ConfigParser(text, device, rules_for(torch)).run()

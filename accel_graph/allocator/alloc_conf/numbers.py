@@ -12,9 +12,12 @@ import math
 import re
 from fractions import Fraction
 
-from .settings import SIZE_MAX
+from ..units import U64_MAX
 
-__all__ = ["SEPARATORS", "Malformed", "NumberError", "is_pow2", "stod", "stoull", "tokenize"]
+__all__ = ["SEPARATORS", "SIZE_MAX", "Malformed", "NumberError", "is_pow2", "stod", "stoull",
+           "tokenize"]
+
+SIZE_MAX = U64_MAX  # torch's name in the config parser: what stoull fits in on 64-bit hosts
 
 
 class Malformed(Exception):

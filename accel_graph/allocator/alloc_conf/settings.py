@@ -8,7 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ...errors import ConfigError
-from ..units import MIB, U64_MAX
+from ..devices import CONFIG_DIALECTS, torch_read_variables
+from ..units import MIB
+from .numbers import SIZE_MAX
+from .tokens import ROUNDUP_INTERVALS, read_roundup_list
 
 __all__ = [
     "CONFIG_VARIABLES",
@@ -19,12 +22,10 @@ __all__ = [
     "AllocatorSettings",
 ]
 
-SIZE_MAX = U64_MAX  # torch's name in the config parser
-#: Number of roundup_power2_divisions intervals: [0] < 2 MiB, [i] = [2^(20+i), 2^(21+i)), [15] >= 32 GiB.
-ROUNDUP_INTERVALS = 16
-DEVICES = ("cuda", "hip", "xpu", "cpu")
+#: ``parse_config``'s device vocabulary: the config dialects of :mod:`accel_graph.allocator.devices`.
+DEVICES: tuple[str, ...] = tuple(CONFIG_DIALECTS)
 #: Read in this order; the first one set (even to "") is used whole, the others are ignored.
-CONFIG_VARIABLES = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+CONFIG_VARIABLES: tuple[str, ...] = torch_read_variables()
 
 
 @dataclass(frozen=True)
@@ -156,14 +157,6 @@ def _format_roundup(divs: tuple[int, ...]) -> str:
     if last + 1 < n and divs[n - 1]:
         entries.append(f">:{divs[n - 1]}")
     text = "[" + ",".join(entries) + "]"
-    if _parse_list_for_check(text) != divs:  # belt and braces: never emit a lossy form
+    if read_roundup_list(text) != divs:  # belt and braces: never emit a lossy form
         text = "[" + ",".join(f"{1 << i}:{d}" for i, d in enumerate(divs)) + "]"
     return text
-
-
-
-def _parse_list_for_check(text: str) -> tuple[int, ...]:
-    # The grammar builds AllocatorSettings, so it is imported here, at call time, not above.
-    from .grammar import parse_config
-
-    return parse_config(f"roundup_power2_divisions:{text}", device="cpu").roundup_power2_divisions

@@ -10,6 +10,9 @@ from typing import Any
 
 import numpy as np
 
+from ..alloc_conf import parse_torch_version, rules_for, settings_from_snapshot
+from ..devices import config_dialect_of
+from ..sim.profiles import profile_for, resolve_profile, round_requests
 from ..traces.actions import (
     A_ALLOC,
     A_FREE,
@@ -255,9 +258,6 @@ def rounding_choice(trace: Any, profile: str | None = None,
     the newest profile of the trace's device and its rules. Raises ValueError (a
     :class:`~accel_graph.errors.ConfigError` for an unreadable ``torch``, KeyError's message
     for an unknown profile) naming what to pass."""
-    from ..alloc_conf import parse_torch_version, rules_for
-    from ..sim.profiles import profile_for, resolve_profile
-
     if torch is not None:
         v = parse_torch_version(torch)
         rules = rules_for(v)
@@ -276,16 +276,12 @@ def _block_sizes(trace: Any, sizes: np.ndarray, prof: Any = None,
     """Block sizes of requests under ``prof``'s rounding rule (default: the trace's device's
     newest) and the recorded roundup_power2_divisions (read with ``rules``), plus the profile
     name used."""
-    from ..sim.profiles import resolve_profile, round_requests
-
     prof = prof if prof is not None else resolve_profile(None, trace.device_type)
     sizes = np.maximum(np.asarray(sizes, np.int64), 1)
     divisions = None
     if trace.allocator_settings:
         try:
-            from ..alloc_conf import settings_from_snapshot
-
-            dev = {"rocm": "hip", "xpu": "xpu"}.get(trace.device_type or "cuda", "cuda")
+            dev = config_dialect_of(trace.device_type)
             s = settings_from_snapshot(trace.allocator_settings, dev, rules)
             if any(d > 1 for d in s.roundup_power2_divisions):
                 divisions = s

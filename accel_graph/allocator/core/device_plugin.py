@@ -28,13 +28,15 @@ library and the missing symbols.
 
 XPU's pluggable ABI takes a ``sycl::queue*`` and is out of scope.
 
+The shared object's checks and torch's pluggable-allocator pieces (feature-detected) are
+:mod:`.plugin_runtime`'s; the ones callers use are re-exported here.
+
 On a CPU-only machine none of this can run: the tests drive it against FAKE ``torch.cuda.memory``
 pieces (plumbing only); ``tools/device_check.py`` runs it on a GPU.
 """
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import threading
@@ -48,10 +50,25 @@ from ...errors import (
     CaptureError,
     ConfigError,
 )
-from ..traces.actions import ACTIONS
+from ..devices import runtime_device_kind
 from .device_settings import device_engine_settings
 from .engine import Engine
-from .loader import CORE_MODULE, load_core
+from .loader import load_core
+from .plugin_runtime import (
+    ALLOC_SYMBOL,
+    CONTROL_SYMBOLS,
+    FREE_SYMBOL,
+    REBUILD,
+    check_library,
+    control_functions,
+    core_path,
+    cuda_initialized,
+    cuda_memory,
+    library_path,
+    runtime_kind,
+    same_file,
+)
+from .stats import trace_entries
 from .status import check_status
 
 __all__ = [
@@ -70,114 +87,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("accel_graph")
-
-#: The exported ``CUDAPluggableAllocator`` entry points (looked up by torch with ctypes).
-ALLOC_SYMBOL = "ag_pluggable_alloc"
-FREE_SYMBOL = "ag_pluggable_free"
-#: Control functions the Python side calls through cffi (see the report / docs/backends.md).
-CONTROL_SYMBOLS = (
-    "ag_pluggable_install",
-    "ag_pluggable_uninstall",
-    "ag_engine_set_threadsafe",
-    "ag_pluggable_errors",
-    "ag_pluggable_last_error",
-)
-
-_REBUILD = (
-    "rebuild the allocator core with a version that exports them "
-    "(`pip install --no-build-isolation -e .` from the repository root); until then use "
-    "torch's own allocator"
-)
-
-
-# ----------------------------------------------------------------------------------------------
-# the shared library
-
-
-def library_path() -> str:
-    """Path of the compiled core (cffi's extension module), the ``.so`` torch will load."""
-    core = load_core()
-    path = getattr(core, "__file__", None)
-    if not path:
-        raise BackendUnavailable(
-            "the allocator core module has no file path, so torch cannot load it with ctypes; "
-            "install accel-graph from source so the core is a shared object on disk"
-        )
-    return str(path)
-
-
-def check_library(path: str | None = None) -> str:
-    """Load ``path`` (default :func:`library_path`) with ``ctypes.CDLL``, as torch will, and
-    check it exports :data:`ALLOC_SYMBOL` and :data:`FREE_SYMBOL`. Returns the path.
-
-    Raises :class:`BackendUnavailable` naming the path tried and what to do.
-    """
-    path = library_path() if path is None else os.fspath(path)
-    if not os.path.exists(path):
-        raise BackendUnavailable(
-            f"allocator library {path!r} does not exist; pass the path of a built "
-            f"{CORE_MODULE} shared object, or omit it to use the installed one"
-        )
-    try:
-        lib = ctypes.CDLL(path)
-    except OSError as exc:
-        raise BackendUnavailable(
-            f"could not load allocator library {path!r} with ctypes.CDLL: {exc}; check that it "
-            f"was built for this platform and Python, or {_REBUILD}"
-        ) from exc
-    missing = [s for s in (ALLOC_SYMBOL, FREE_SYMBOL) if not hasattr(lib, s)]
-    if missing:
-        raise BackendUnavailable(
-            f"allocator library {path!r} loads but does not export {', '.join(missing)} "
-            f"(the CUDAPluggableAllocator entry points); {_REBUILD}"
-        )
-    return path
-
-
-def _same_file(a: str, b: str) -> bool:
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return False
-
-
-def control_functions(core: Any) -> Any:
-    """``core.lib`` once it is known to export every :data:`CONTROL_SYMBOLS` function; else
-    :class:`BackendUnavailable` naming the missing ones."""
-    lib = core.lib
-    missing = [s for s in CONTROL_SYMBOLS if not hasattr(lib, s)]
-    if missing:
-        raise BackendUnavailable(
-            f"the allocator core ({getattr(core, '__file__', CORE_MODULE)}) "
-            f"lacks the plug-in control functions {', '.join(missing)}; {_REBUILD}"
-        )
-    return lib
-
-
-# ----------------------------------------------------------------------------------------------
-# torch pieces (feature-detected; looked up per call so tests can substitute fakes)
-
-
-def _cuda_memory() -> Any:
-    cuda = getattr(torch, "cuda", None)
-    mem = getattr(cuda, "memory", None)
-    if mem is None or not hasattr(mem, "CUDAPluggableAllocator"):
-        raise BackendUnavailable(
-            f"torch {torch.__version__} has no torch.cuda.memory.CUDAPluggableAllocator; "
-            f"the device allocator plug-in needs a CUDA or ROCm build of torch"
-        )
-    return mem
-
-
-def _device_kind() -> str:
-    return "hip" if getattr(torch.version, "hip", None) else "cuda"
-
-
-def _cuda_initialized() -> bool:
-    fn = getattr(torch.cuda, "is_initialized", None)
-    return bool(fn()) if fn is not None else False
-
-
 
 # ----------------------------------------------------------------------------------------------
 # the allocator
@@ -211,14 +120,21 @@ class DeviceAllocator:
         library: str | os.PathLike[str] | None = None,
         upstream: str = "device",
     ) -> None:
-        self.kind = _device_kind()
+        self.kind = runtime_kind()
         self.settings = device_engine_settings(settings, self.kind)
-        self.library = check_library(None if library is None else os.fspath(library))
-        core = load_core()
-        if library is not None and not _same_file(self.library, library_path()):
+        # The core is loaded through this module's load_core (the one the engines are bound
+        # in); the path torch loads is that core's file. Same order of checks as ever: a given
+        # library is checked before the core loads.
+        if library is None:
+            core = load_core()
+            self.library = check_library(core_path(core))
+        else:
+            self.library = check_library(os.fspath(library))
+            core = load_core()
+        if library is not None and not same_file(self.library, core_path(core)):
             raise ConfigError(
                 f"library={self.library!r} is not the allocator core this process imported "
-                f"({library_path()}): torch would call entry points that do not see the engines "
+                f"({core_path(core)}): torch would call entry points that do not see the engines "
                 f"bound here. Omit library= to use the core"
             )
         self._lib = control_functions(core)
@@ -238,7 +154,7 @@ class DeviceAllocator:
             for d in self.devices:
                 eng = Engine(
                     policy, upstream, self.settings,
-                    device_name="HIP" if self.kind == "hip" else "CUDA", device_index=d,
+                    device_name=runtime_device_kind(self.kind).display, device_index=d,
                 )  # fmt: skip
                 check_status(self._lib.ag_engine_set_threadsafe(eng.c_handle, 1), eng)
                 rc = self._lib.ag_pluggable_install(d, eng.c_handle)
@@ -266,14 +182,14 @@ class DeviceAllocator:
         """The ``torch.cuda.memory.CUDAPluggableAllocator`` over our library (built once)."""
         with self._lock:
             if self._torch_allocator is None:
-                mem = _cuda_memory()
+                mem = cuda_memory()
                 try:
                     self._torch_allocator = mem.CUDAPluggableAllocator(
                         self.library, ALLOC_SYMBOL, FREE_SYMBOL
                     )
                 except OSError as exc:
                     raise BackendUnavailable(
-                        f"torch could not load allocator library {self.library!r}: {exc}; {_REBUILD}"
+                        f"torch could not load allocator library {self.library!r}: {exc}; {REBUILD}"
                     ) from exc
                 except AttributeError as exc:
                     raise BackendUnavailable(
@@ -344,7 +260,7 @@ class DeviceAllocator:
                 traces.append([])
                 continue
             segments.extend(eng.snapshot())
-            traces.append(_trace_entries(eng.drain_events(as_list=True)))
+            traces.append(trace_entries(eng.drain_events(as_list=True)))
         return {
             "segments": segments,
             "device_traces": traces,
@@ -384,21 +300,6 @@ class DeviceAllocator:
             _live.remove(self)
 
 
-def _trace_entries(events: list[tuple[int, ...]]) -> list[dict[str, Any]]:
-    """Engine events ``(seq, time_us, addr, size, pool_id, stream, action)`` as torch's
-    trace-entry dicts (``oom`` carries ``device_free`` instead of ``addr``)."""
-    out = []
-    for _seq, time_us, addr, size, pool_id, stream, action in events:
-        name = ACTIONS[action]
-        entry: dict[str, Any] = {"action": name}
-        entry["device_free" if name == "oom" else "addr"] = int(addr)
-        entry.update(size=int(size), stream=int(stream), time_us=int(time_us), frames=[])
-        if pool_id:
-            entry["pool_id"] = int(pool_id)
-        out.append(entry)
-    return out
-
-
 # ----------------------------------------------------------------------------------------------
 # the whole-process swap
 
@@ -431,8 +332,8 @@ def install_process_allocator(allocator: DeviceAllocator | None = None, **kwargs
                 "a DeviceAllocator is already the whole-process allocator and torch cannot swap "
                 "it again; use accel_graph.allocator.core.device_plugin.process_allocator() to reach it"
             )
-        mem = _cuda_memory()
-        if _cuda_initialized():
+        mem = cuda_memory()
+        if cuda_initialized():
             raise AllocatorStateError(_too_late("CUDA is already initialised in this process"))
         if allocator is None:
             allocator = DeviceAllocator(**kwargs)

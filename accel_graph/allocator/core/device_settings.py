@@ -14,6 +14,7 @@ from typing import Any
 
 from ...errors import ConfigError
 from ..alloc_conf import AllocatorSettings, parse_config, settings_from_environment
+from ..devices import runtime_device_kind
 from .settings import EngineSettings
 
 __all__ = ["device_engine_settings", "loaded_runtime_libs"]
@@ -22,7 +23,7 @@ __all__ = ["device_engine_settings", "loaded_runtime_libs"]
 def loaded_runtime_libs(kind: str) -> tuple[str, ...]:
     """Paths of the CUDA/HIP runtime libraries already mapped into this process (torch's own),
     so the engine calls the same copy torch does instead of whatever ``dlopen`` finds by name."""
-    stem = "libamdhip64.so" if kind == "hip" else "libcudart.so"
+    stem = runtime_device_kind(kind).runtime_library or ""  # CUDA-family kinds have one
     found: list[str] = []
     try:
         with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:

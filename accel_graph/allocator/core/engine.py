@@ -22,25 +22,29 @@ Contract:
   exception is a tensor block (:class:`~.tensor_blocks.TensorBlocks`): the tensor owns its block and holds a
   reference on the C engine, so the block and the engine's memory stay valid until the tensor
   dies, even after :meth:`Engine.close`.
+
+Streams and private pools come from the :class:`~.pools.EnginePools` mixin; the bulk record
+layouts (:data:`OP_DTYPE`, :data:`EVENT_DTYPE`, :data:`OP`) from :mod:`.records`, re-exported
+here as part of :meth:`Engine.replay`'s and :meth:`Engine.drain_events`' contract.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 
 from ...errors import AccelGraphError, ConfigError
+from ..devices import DEFAULT_DEVICE_KIND, device_kind_for_policy
 from .loader import load_core, load_dlpack
+from .pools import EnginePools
+from .records import EVENT_DTYPE, OP, OP_DTYPE
 from .settings import (
     I32,
     I64,
     U64,
     U64_MAX,
     EngineSettings,
-    bool_arg,
     fill_settings,
     fraction_arg,
     int_arg,
@@ -50,38 +54,6 @@ from .status import check_status
 from .tensor_blocks import TensorBlocks
 
 __all__ = ["EVENT_DTYPE", "OP", "OP_DTYPE", "Engine"]
-
-#: Opcodes of :meth:`Engine.replay` (``AG_OP_*`` in _core.h).
-OP = {
-    "malloc": 0,
-    "free": 1,
-    "record_stream": 2,
-    "process_events": 3,
-    "synchronize": 4,
-    "empty_cache": 5,
-    "begin_pool": 6,
-    "end_pool": 7,
-    "release_pool": 8,
-    "malloc_pool": 9,
-    "reset_peak_stats": 10,
-    "set_requested": 11,
-}
-#: numpy layouts of ``ag_event`` and ``ag_op`` (kept in step with _core.h; a test checks sizes).
-EVENT_FIELDS = [
-    ("seq", "<i8"),
-    ("time_us", "<i8"),
-    ("addr", "<u8"),
-    ("size", "<u8"),
-    ("pool_id", "<i8"),
-    ("stream", "<i4"),
-    ("action", "<i4"),
-]
-OP_FIELDS = [("op", "<i4"), ("stream", "<i4"), ("size", "<i8"), ("id", "<i8"), ("size2", "<i8")]
-
-
-EVENT_DTYPE = np.dtype(EVENT_FIELDS)
-OP_DTYPE = np.dtype(OP_FIELDS)
-
 
 def _malloc_args(size: Any, stream: Any, pool: Any) -> None:
     """malloc's argument checks, off the hot path: run only once cffi refused an argument or
@@ -94,7 +66,7 @@ def _malloc_args(size: Any, stream: Any, pool: Any) -> None:
 # the engine
 
 
-class Engine:
+class Engine(EnginePools):
     """A caching allocator instance. See the module docstring for the contract.
 
     ``Engine(policy="native", upstream="counting", settings=EngineSettings(), streams=1)``.
@@ -148,9 +120,12 @@ class Engine:
         # Bound C functions: the hot path is one attribute load and one cffi call.
         self._malloc = lib.ag_malloc
         self._free = lib.ag_free
-        self.device_name = device_name or ("XPU" if policy == "xpu" else "CUDA")
+        # The device family the policy simulates (bfc: none, worded as CUDA) names the device
+        # and the variable in torch-style out-of-memory messages.
+        kind = device_kind_for_policy(policy) or DEFAULT_DEVICE_KIND
+        self.device_name = device_name or kind.display
         self.device_index = device_index
-        self.conf_var = "PYTORCH_ALLOC_CONF" if policy == "xpu" else "PYTORCH_CUDA_ALLOC_CONF"
+        self.conf_var = kind.oom_variable
         for _ in range(streams - 1):
             self.create_stream()
 
@@ -257,82 +232,6 @@ class Engine:
             return None
         mod = load_dlpack()
         return None if mod is None else TensorBlocks(self, mod)
-
-    # -- streams and pools -----------------------------------------------------------------
-
-    def create_stream(self) -> int:
-        """A new stream id (blocks are cached per stream)."""
-        return check_status(self._lib.ag_create_stream(self._e), self)
-
-    @property
-    def num_streams(self) -> int:
-        return int(self._lib.ag_num_streams(self._e))
-
-    def create_pool(self, no_split: bool = False, use_on_oom: bool = False) -> int:
-        """A private pool (graph pool / MemPool) with use count 1, like torch's
-        ``MemPool(use_on_oom=..., no_split=...)``: ``no_split`` never splits its blocks;
-        ``use_on_oom`` lets default-pool requests take its free blocks before running out of
-        memory."""
-        lib = self._lib
-        flags = (lib.AG_POOL_NO_SPLIT if bool_arg("create_pool", "no_split", no_split) else 0) | (
-            lib.AG_POOL_USE_ON_OOM if bool_arg("create_pool", "use_on_oom", use_on_oom) else 0
-        )
-        return check_status(lib.ag_create_pool(self._e, flags), self)
-
-    def begin_allocate_to_pool(self, pool: int, stream: int = -1) -> None:
-        """Route allocations on ``stream`` (-1: every stream) to ``pool``; adds one use."""
-        pool = int_arg("begin_allocate_to_pool", "pool", pool, I64)
-        stream = int_arg("begin_allocate_to_pool", "stream", stream, I32)
-        check_status(self._lib.ag_begin_allocate_to_pool(self._e, pool, stream), self)
-
-    def end_allocate_to_pool(self, pool: int) -> None:
-        """Stop routing allocations to ``pool`` (the use taken by begin stays until release)."""
-        pool = int_arg("end_allocate_to_pool", "pool", pool, I64)
-        check_status(self._lib.ag_end_allocate_to_pool(self._e, pool), self)
-
-    def release_pool(self, pool: int) -> None:
-        """Drop one use of ``pool``; at zero its free memory goes back at the next empty_cache
-        (or OOM retry), and the pool disappears once it holds no segment."""
-        pool = int_arg("release_pool", "pool", pool, I64)
-        check_status(self._lib.ag_release_pool(self._e, pool), self)
-
-    def pool_use_count(self, pool: int) -> int:
-        """How many users (creator, captures, MemPool contexts) hold ``pool``."""
-        pool = int_arg("pool_use_count", "pool", pool, I64)
-        return check_status(self._lib.ag_pool_use_count(self._e, pool), self)
-
-    def pool_memory(self, pool: int | None = None) -> dict[str, int]:
-        """What one private pool (or, for ``None``, the default pools) holds right now:
-        ``segments``, ``reserved_bytes``, ``allocated_bytes``, ``active_bytes``,
-        ``blocks_allocated``, and for private pools ``use_count`` and ``freeable``."""
-        pool = 0 if pool is None else int_arg("pool_memory", "pool", pool, I64)
-        info = self._ffi.new("ag_pool_info *")
-        check_status(self._lib.ag_pool_info_get(self._e, pool, info), self)
-        out = {
-            f: int(getattr(info, f))
-            for f in (
-                "segments",
-                "reserved_bytes",
-                "allocated_bytes",
-                "active_bytes",
-                "blocks_allocated",
-            )
-        }
-        if pool:
-            out["use_count"] = int(info.use_count)
-            out["freeable"] = int(info.freeable)
-        return out
-
-    @contextmanager
-    def allocate_to_pool(self, pool: int, stream: int = -1) -> Iterator[int]:
-        """``with engine.allocate_to_pool(p):`` like torch's ``use_mem_pool``: begin, then end
-        and release on exit (begin took the use that release drops)."""
-        self.begin_allocate_to_pool(pool, stream)
-        try:
-            yield pool
-        finally:
-            self.end_allocate_to_pool(pool)
-            self.release_pool(pool)
 
     # -- statistics, layout, events --------------------------------------------------------
 

@@ -54,6 +54,8 @@ def load_dlpack() -> Any:
             alloc = int(ffi.cast("uintptr_t", ffi.addressof(lib, "ag_tensor_alloc")))
             release = int(ffi.cast("uintptr_t", ffi.addressof(lib, "ag_tensor_release")))
             drain = int(ffi.cast("uintptr_t", ffi.addressof(lib, "ag_tensor_drain")))
+            # torch only here, on first use of the optional DLPack maker: importing the
+            # allocator must not import torch (start-up time; accel-alloc never needs it)
             import torch
 
             # torch >= 1.10 has the C importer; the Python wrapper is the fallback

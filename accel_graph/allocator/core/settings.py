@@ -18,6 +18,7 @@ from typing import Any
 
 from ...errors import ConfigError
 from ..alloc_conf.settings import ROUNDUP_INTERVALS
+from ..devices import RUNTIME_KINDS, runtime_device_kind
 from ..units import MIB, U64_MAX
 from .loader import load_core
 
@@ -225,8 +226,9 @@ def fill_settings(ffi: Any, s: EngineSettings, policy: str, upstream: str) -> An
         raise ConfigError(f"policy must be one of {', '.join(POLICIES)}; got {policy!r}")
     if upstream not in UPSTREAMS:
         raise ConfigError(f"upstream must be one of {', '.join(UPSTREAMS)}; got {upstream!r}")
-    if s.device_kind not in ("cuda", "hip"):
-        raise ConfigError(f"device_kind must be 'cuda' or 'hip'; got {s.device_kind!r}")
+    if s.device_kind not in RUNTIME_KINDS:
+        raise ConfigError(f"device_kind must be {' or '.join(map(repr, RUNTIME_KINDS))}; "
+                          f"got {s.device_kind!r}")
     c = ffi.new("ag_settings *")
     c.policy = POLICIES.index(policy)
     c.upstream = UPSTREAMS.index(upstream)
@@ -245,7 +247,7 @@ def fill_settings(ffi: Any, s: EngineSettings, policy: str, upstream: str) -> An
         -1.0 if s.memory_fraction is None else fraction_arg("EngineSettings", s.memory_fraction)
     )
     c.expandable_segments = 1 if s.expandable_segments else 0
-    c.device_kind = 1 if s.device_kind == "hip" else 0
+    c.device_kind = runtime_device_kind(s.device_kind).runtime_code or 0  # _core.h AG_DEVICE_*
     c.cap = _nonneg("cap", s.cap, 0)
     c.capacity = _nonneg("capacity", s.capacity, 0)
     c.round_extra = _nonneg("round_extra", s.round_extra, 0)

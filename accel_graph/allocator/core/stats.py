@@ -10,6 +10,8 @@ Contract:
   address; an expandable segment is reported as one segment per contiguous mapped range, as
   torch does.
 - :func:`oom_message` gives torch's out-of-memory text for the numbers of a failed request.
+- :func:`trace_entries` gives engine events as the trace-entry dicts of
+  ``torch.cuda.memory._snapshot()``'s ``device_traces``.
 
 Pure functions over plain data: no cffi here, so they can be tested and reused without the core.
 """
@@ -18,6 +20,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
+
+from ..traces.actions import ACTIONS
 
 #: torch's StatArray keys, in the C core's index order.
 POOL_KINDS = ("all", "small_pool", "large_pool")
@@ -183,3 +187,18 @@ def oom_message(info: Any, device_name: str, device_index: int, conf_var: str) -
             " Memory Management  (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)"
         )
     return msg
+
+
+def trace_entries(events: list[tuple[int, ...]]) -> list[dict[str, Any]]:
+    """Engine events ``(seq, time_us, addr, size, pool_id, stream, action)`` as torch's
+    trace-entry dicts (``oom`` carries ``device_free`` instead of ``addr``)."""
+    out = []
+    for _seq, time_us, addr, size, pool_id, stream, action in events:
+        name = ACTIONS[action]
+        entry: dict[str, Any] = {"action": name}
+        entry["device_free" if name == "oom" else "addr"] = int(addr)
+        entry.update(size=int(size), stream=int(stream), time_us=int(time_us), frames=[])
+        if pool_id:
+            entry["pool_id"] = int(pool_id)
+        out.append(entry)
+    return out

@@ -6,7 +6,7 @@ blocks and the device plug-in alike, so the same status always raises the same e
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from ... import errors as _errors
 from ...errors import AccelGraphError, BackendUnavailable, ConfigError, PoolError
@@ -14,13 +14,27 @@ from .loader import load_core
 from .settings import POLICY_KEYS, POLICY_MODELS
 from .stats import oom_message
 
-if TYPE_CHECKING:
-    from .engine import Engine
-
-__all__ = ["check_status"]
+__all__ = ["EngineLike", "check_status"]
 
 
-def check_status(rc: int, engine: Engine | None = None, message: str | None = None) -> int:
+class EngineLike(Protocol):
+    """What a refusal's exception is built from: the parts of an
+    :class:`~accel_graph.allocator.core.engine.Engine` that :func:`check_status` and the tensor
+    blocks read. A protocol, so that this module (below the engine, which calls it) needs no
+    import of the engine."""
+
+    policy: str
+    device_name: str
+    device_index: int
+    conf_var: str
+
+    @property
+    def c_handle(self) -> Any: ...
+
+    def last_error(self) -> str: ...
+
+
+def check_status(rc: int, engine: EngineLike | None = None, message: str | None = None) -> int:
     """Turn a C status (or a negative pointer/id result) into the matching exception.
 
     Non-negative values pass through unchanged, so ``ptr = check_status(lib.ag_malloc(...))`` works.

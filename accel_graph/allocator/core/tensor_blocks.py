@@ -6,13 +6,10 @@ out where the ``_dlpack`` extension is built; docs/allocator.md "Tensor blocks".
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .loader import load_core
-from .status import check_status
-
-if TYPE_CHECKING:
-    from .engine import Engine
+from .status import EngineLike, check_status
 
 __all__ = ["TensorBlocks"]
 
@@ -32,7 +29,7 @@ class TensorBlocks:
 
     __slots__ = ("_engine", "_ffi", "_lib", "_mod", "_ref", "addr", "pending")
 
-    def __init__(self, engine: Engine, mod: Any) -> None:
+    def __init__(self, engine: EngineLike, mod: Any) -> None:
         core = load_core()
         ffi, lib = core.ffi, core.lib
         handle = engine.c_handle

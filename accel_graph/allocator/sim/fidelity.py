@@ -14,7 +14,8 @@ from typing import Any
 
 from ..traces import load_trace
 from .replayer import replay_trace
-from .trace_ops import empty_cache_positions, recorded_summary
+from .trace_ops import recorded_summary
+from .trace_state import empty_cache_positions
 
 __all__ = ["METRICS", "TWINS", "fidelity_markdown", "fidelity_table", "find_npu_traces"]
 

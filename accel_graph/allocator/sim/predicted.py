@@ -38,6 +38,7 @@ from ..core.stats import snapshot_segments
 from ..traces.actions import A_ALLOC, A_FREE, A_FREE_REQ, A_MAP, A_OOM, A_SEG_ALLOC
 from ..traces.model import Trace
 from ..traces.record import NO_FRAMES, NO_TIME, TRACE_DTYPE
+from .scenario import recorded_settings
 
 __all__ = ["PREDICTION_KEY", "predicted_trace"]
 
@@ -135,7 +136,7 @@ def _carry_times(rec: np.ndarray, sim: np.ndarray) -> None:
 
 
 def _pool_pair(p: int) -> tuple[int, int]:
-    """Inverse of :func:`~.trace_ops.pool_number`: the snapshot's ``segment_pool_id`` pair."""
+    """Inverse of :func:`~.trace_state.pool_number`: the snapshot's ``segment_pool_id`` pair."""
     return (p >> 32, p & 0xFFFFFFFF) if p >> 32 else (0, p)
 
 
@@ -176,8 +177,6 @@ def predicted_trace(trace: Trace, sim: Any, *, source: str | None = None) -> Tra
     scenario = sim.scenario
     settings = scenario.settings
     if settings is None:
-        from .scenario import recorded_settings
-
         settings = recorded_settings(trace, device)
     prediction = {"config": scenario.config, "label": scenario.label,
                   "profile": scenario.profile.name, "policy": scenario.policy,

@@ -30,13 +30,14 @@ from ..alloc_conf import (
     settings_from_snapshot,
 )
 from ..core.settings import POLICIES, EngineSettings
+from ..devices import config_dialect_of
 from ..traces.actions import A_ALLOC
 from ..units import fmt_bytes
 from . import profiles as _profiles
+from .replayer import replay_trace
 from .results import Figures
 
 __all__ = [
-    "CONFIG_DEVICE",
     "Scenario",
     "SimResult",
     "largest_request",
@@ -51,8 +52,6 @@ __all__ = [
 
 #: Newest torch minor the profiles describe; the default profile for a trace is the newest one.
 _NEWEST = (2, 14)
-#: config.py's device vocabulary (parse_config's ``device``) for each profile device.
-CONFIG_DEVICE = {"cuda": "cuda", "rocm": "hip", "npu": "cuda", "xpu": "xpu"}
 
 
 @dataclass(frozen=True)
@@ -94,7 +93,7 @@ def recorded_settings(trace: Any, device: int | None = None,
     ``expandable_segments`` set when a final segment of ``device`` (any device when None) is
     expandable (NPU files record no settings; one file may hold devices recorded differently).
     ``rules``: the torch parser rules for the recorded string (default: the newest)."""
-    kind = CONFIG_DEVICE.get(trace.device_type or "cuda", "cuda")
+    kind = config_dialect_of(trace.device_type)
     s = settings_from_snapshot(trace.allocator_settings or {}, kind, rules)
     if not s.expandable_segments and any(
             seg.get("is_expandable") for seg in trace.segments
@@ -176,7 +175,7 @@ def make_scenario(trace: Any, config: str | None = None, *, policy: str | None =
     canonical: str | None = None
     if config is not None:
         try:
-            settings = parse_config(config, CONFIG_DEVICE.get(prof.device, "cuda"), rules)
+            settings = parse_config(config, config_dialect_of(prof.device), rules)
         except ConfigError as e:  # say which torch's rules refused it, and whether newer accept
             raise ConfigError(f"{e} [{_rules_said(config, prof, rules, chosen_by)}]") from None
         canonical = settings.to_string()
@@ -233,7 +232,7 @@ def _rules_said(config: str, prof: _profiles.Profile, rules: ParserRules, chosen
         if newer.torch_versions[0] <= rules.torch_versions[1]:
             continue
         try:
-            parse_config(config, CONFIG_DEVICE.get(prof.device, "cuda"), newer)
+            parse_config(config, config_dialect_of(prof.device), newer)
         except ConfigError:
             continue
         lo = newer.torch_versions[0]
@@ -250,7 +249,7 @@ def recorded_refusal(trace: Any, prof: _profiles.Profile, rules: ParserRules) ->
     if not isinstance(raw, str) or not raw.strip():
         return None
     try:
-        parse_config(raw, CONFIG_DEVICE.get(prof.device, "cuda"), rules)
+        parse_config(raw, config_dialect_of(prof.device), rules)
     except ConfigError as e:
         why = str(e).split(f"{raw!r}: ", 1)[-1].split(". Keys accepted")[0]  # torch's words
         return (f"the trace's recorded config {raw!r} would be refused by torch {rules.name}'s "
@@ -334,8 +333,6 @@ def simulate(trace: Any, scenario: Scenario, *, device: int = 0, keep_events: bo
     ``keep_events``/``keep_layout``: keep the engine events and final layout in ``replay``
     (for timelines and :func:`~.predicted.predicted_trace`).
     """
-    from .replayer import replay_trace
-
     if not len(trace.events(device)):
         raise UnsupportedTraceError(f"the trace has no events for device {device}")
     es = engine_settings(scenario, trace, device)

@@ -30,8 +30,9 @@ from .record import (
     TraceLimits,
     bulk_objects,
 )
-from .segments import derive_device_segments, validate_device
-from .torch_snapshot import Stack, events_to_entries, read_snapshot
+from .segments import TraceReport, derive_device_segments, validate_device
+from .snapshot_entries import events_to_entries
+from .torch_snapshot import Stack, read_snapshot
 
 __all__ = [
     "FOREIGN_EXTENSIONS",
@@ -41,21 +42,6 @@ __all__ = [
     "infer_device_type",
     "strip_frames",
 ]
-
-
-@dataclass
-class TraceReport:
-    """What :meth:`Trace.validate` found. ``ok`` is true when ``errors`` is empty."""
-
-    errors: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-    #: Frees of blocks that were live before recording began (normal for mid-run recordings).
-    pre_existing_frees: int = 0
-    truncated: int = 0
-
-    @property
-    def ok(self) -> bool:
-        return not self.errors
 
 
 @dataclass(eq=False)

@@ -22,6 +22,7 @@ import numpy as np
 
 from ...errors import TraceFormatError
 from ...foundation.gc_pause import gc_paused
+from ..devices import DEVICE_TYPES
 
 __all__ = [
     "COMPACT_MAGIC",
@@ -56,7 +57,6 @@ COMPACT_MAGIC = b"\x89AGTRACE"
 META_KEY = "accel_graph"
 
 FORMATS = ("pickle", "json", "compact")
-DEVICE_TYPES = ("cuda", "rocm", "xpu", "npu")
 
 
 @dataclass(frozen=True)

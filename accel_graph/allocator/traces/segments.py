@@ -9,22 +9,43 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import numpy as np
 
 from .actions import ACTION_CODE, ACTIONS
 from .record import NO_TIME
 
-if TYPE_CHECKING:
-    from .model import Trace, TraceReport
-
-__all__ = ["derive_device_segments", "segments_from_layout", "validate_device"]
+__all__ = ["TraceReport", "WithSegments", "derive_device_segments", "segments_from_layout",
+           "validate_device"]
 
 # Data checks and derived segments
 
 
-def _segment_ranges(trace: Trace, device: int) -> list[tuple[int, int]]:
+@dataclass
+class TraceReport:
+    """What :meth:`Trace.validate` found. ``ok`` is true when ``errors`` is empty."""
+
+    errors: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    #: Frees of blocks that were live before recording began (normal for mid-run recordings).
+    pre_existing_frees: int = 0
+    truncated: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+
+class WithSegments(Protocol):
+    """What the data checks read of a :class:`~.model.Trace` besides its events: the final
+    segments (a protocol, so that this module, below the model, needs no import of it)."""
+
+    segments: list[dict[str, Any]]
+
+
+def _segment_ranges(trace: WithSegments, device: int) -> list[tuple[int, int]]:
     return [
         (int(s["address"]), int(s["address"]) + int(s["total_size"]))
         for s in trace.segments
@@ -33,7 +54,7 @@ def _segment_ranges(trace: Trace, device: int) -> list[tuple[int, int]]:
 
 
 def validate_device(
-    trace: Trace,
+    trace: WithSegments,
     device: int,
     a: np.ndarray,
     report: TraceReport,

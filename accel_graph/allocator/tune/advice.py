@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..alloc_conf import CONFIG_VARIABLES, AllocatorSettings
+from ..devices import canonical_kind, device_kind_or_default
 from ..sim.profiles import Profile
 
 __all__ = [
@@ -120,28 +121,23 @@ def env_assignment(config: str, profile: Profile) -> EnvAssignment:
     XPU: ``PYTORCH_ALLOC_CONF``.
     """
     q = shlex.quote(config)
-    dev = profile.device
-    if dev == "npu":
-        return EnvAssignment(
-            "PYTORCH_NPU_ALLOC_CONF", f"export PYTORCH_NPU_ALLOC_CONF={q}", (),
-            f'import os; os.environ["PYTORCH_NPU_ALLOC_CONF"] = "{config}"  '
-            "# before `import torch_npu`",
-            _NOTE.format(dev="NPU"))
-    if dev == "xpu":
-        return EnvAssignment(
-            "PYTORCH_ALLOC_CONF", f"export PYTORCH_ALLOC_CONF={q}", (),
-            f'torch._C._accelerator_setAllocatorSettings("{config}")',
-            _NOTE.format(dev="XPU"))
-    legacy = "PYTORCH_HIP_ALLOC_CONF" if dev == "rocm" else "PYTORCH_CUDA_ALLOC_CONF"
+    kind = device_kind_or_default(profile.device)
+    legacy = kind.legacy_variable
+    if legacy is None:  # one variable, set the device's own way (NPU, XPU)
+        var = kind.config_variable
+        return EnvAssignment(var, f"export {var}={q}", (),
+                             kind.setter.replace("{config}", config), _NOTE.format(dev=kind.display))
+    current = kind.config_variable
     newer = profile.torch_versions[1] >= (2, 12)
     if newer:
         snippet = (f'torch._C._accelerator_setAllocatorSettings("{config}")  # torch 2.13+; '
                    f'older: torch.cuda.memory._set_allocator_settings("{config}")')
-        return EnvAssignment("PYTORCH_ALLOC_CONF", f"export PYTORCH_ALLOC_CONF={q}",
-                             (f"export {legacy}={q}",), snippet,
-                             _NOTE.format(dev="CUDA" if dev == "cuda" else "HIP"))
+        return EnvAssignment(current, f"export {current}={q}",
+                             (f"export {legacy}={q}",), snippet, _NOTE.format(dev=kind.display))
+    # Before 2.12 only the older name is read; the note has always said CUDA here (the only
+    # such profiles are CUDA's).
     return EnvAssignment(
-        legacy, f"export {legacy}={q}", (f"export PYTORCH_ALLOC_CONF={q}",),
+        legacy, f"export {legacy}={q}", (f"export {current}={q}",),
         f'torch.cuda.memory._set_allocator_settings("{config}")',
         _NOTE.format(dev="CUDA"))
 
@@ -204,12 +200,19 @@ def es_conflict_warnings(uses: Iterable[str] = (), private_pools: bool = False,
             "sleep mode / CuMemAllocator, cudaIpc-based custom all-reduce and NCCL/KV-transfer "
             "buffer registration; if the program uses any of these, pass --uses to check, or "
             "keep expandable segments off"
-            + ("" if device in ("cuda", "rocm") else
+            + ("" if _documented_es_conflicts(device) else
                f". These conflicts are documented for CUDA/ROCm builds; on {device} check the "
                "vendor's equivalents (IPC sharing, collective-library buffer registration) "
                "before relying on the setting"),
             ", ".join(_ES_ALL_REFS)))
     return out
+
+
+def _documented_es_conflicts(device: str) -> bool:
+    """Whether the expandable-segment conflicts are documented for ``device`` as written: the
+    CUDA-runtime families (CUDA, and ROCm through HIP)."""
+    kind = canonical_kind(device)
+    return kind is not None and kind.runtime_library is not None
 
 
 def advise(settings: AllocatorSettings, profile: Profile, *,

@@ -7,7 +7,9 @@ structured subset of it with :func:`~accel_graph.allocator.sim.scenario.simulate
 configuration) and ranks the results (:mod:`.ranking`). :func:`build_space`/:func:`search_space`
 live in :mod:`.space` (with :data:`~.space.KNOB_VALUES` and :class:`~.space.SearchSpace`), the
 ranking (:func:`~.ranking.rank`, :func:`~.ranking.pareto_front`, :class:`~.ranking.Candidate`) in
-:mod:`.ranking`; this module is the search itself, the front of ``accel-alloc tune``.
+:mod:`.ranking`, the evaluation of one configuration (and the fork pool) in :mod:`.evaluator`,
+:class:`TuneResult` and the choice among the best in :mod:`.recommend`; this module is the search
+itself, the front of ``accel-alloc tune``.
 
 Search design (a full grid is about a thousand configurations; the default budget is 256):
 
@@ -39,7 +41,6 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -48,9 +49,19 @@ from ...errors import CapacityError, ConfigError, UnsupportedTraceError
 from ..alloc_conf import AllocatorSettings, parse_config
 from ..core.settings import POLICIES, POLICY_KEYS
 from ..sim import profiles as _profiles
-from ..sim.scenario import make_scenario, recorded_settings, simulate
+from ..sim.scenario import make_scenario, recorded_settings, top_level_entries
+from ..sim.trace_ops import recorded_summary
 from ..units import MIB
-from .ranking import OBJECTIVES, PEAK_SCOPES, Candidate, pareto_front, peak_of, rank
+from .evaluator import Evaluator, evaluate_one
+from .ranking import OBJECTIVES, PEAK_SCOPES, Candidate, pareto_front, rank
+from .recommend import (
+    WARNING_FREE_SLACK,
+    TuneResult,
+    accuracy_report,
+    high_warnings,
+    prefer_warning_free,
+    uses_private_pools,
+)
 from .space import KNOB_VALUES, SearchSpace, build_space, search_space
 
 __all__ = ["DEFAULT_BUDGET", "WARNING_FREE_SLACK", "TuneResult", "high_warnings", "tune"]
@@ -64,137 +75,11 @@ _REFINE_TOP = 5
 
 
 def _entries(config: str | None) -> set[str]:
-    from ..sim.scenario import top_level_entries
-
     return {e for e in top_level_entries(config or "") if e}
 
 
 # ---------------------------------------------------------------------------------------------
-# evaluation
-
-
-_WORKER: dict[str, Any] = {}
-
-
-def _evaluate_one(trace: Any, config: str | None, policy: str, profile: _profiles.Profile,
-                  cap: int | None, device: int,
-                  ops_cache: dict[Any, Any] | None = None) -> dict[str, Any]:
-    sc = make_scenario(trace, config, policy=policy, profile=profile, cap=cap, device=device)
-    r = simulate(trace, sc, device=device, ops_cache=ops_cache)
-    return {**r.figures(), "notes": tuple(sc.notes) + tuple(r.notes)}
-
-
-def _worker_init(trace: Any, profile: _profiles.Profile, cap: int | None, device: int) -> None:
-    _WORKER.update(trace=trace, profile=profile, cap=cap, device=device, ops={})
-
-
-def _worker_eval(job: tuple[str, str]) -> dict[str, Any]:
-    w = _WORKER
-    return _evaluate_one(w["trace"], job[0], job[1], w["profile"], w["cap"], w["device"],
-                         w["ops"])
-
-
-class _Evaluator:
-    """Evaluates batches of (config, policy), in this process or in a fork pool."""
-
-    def __init__(self, trace: Any, space: SearchSpace, device: int, jobs: int,
-                 progress: Callable[[int, int], None] | None, total: int) -> None:
-        self.trace, self.space, self.device = trace, space, device
-        #: one search, one unchanging trace: each distinct conversion is made once
-        self.ops_cache: dict[Any, Any] = {}
-        self.progress, self.total, self.done = progress, total, 0
-        self.pool = None
-        if jobs > 1:
-            import multiprocessing as mp
-
-            methods = mp.get_all_start_methods()
-            ctx = mp.get_context("fork" if "fork" in methods else None)
-            self.pool = ctx.Pool(jobs, initializer=_worker_init,
-                                 initargs=(trace, space.profile, space.cap, device))
-
-    def close(self) -> None:
-        if self.pool is not None:
-            self.pool.close()
-            self.pool.join()
-            self.pool = None
-
-    def run(self, jobs: list[tuple[str, str]]) -> list[dict[str, Any]]:
-        if self.pool is not None and len(jobs) > 1:
-            out = []
-            for r in self.pool.imap(_worker_eval, jobs, chunksize=max(1, len(jobs) // 32)):
-                out.append(r)
-                self._tick()
-            return out
-        out = []
-        for cfg, pol in jobs:
-            out.append(_evaluate_one(self.trace, cfg, pol, self.space.profile, self.space.cap,
-                                     self.device, self.ops_cache))
-            self._tick()
-        return out
-
-    def _tick(self) -> None:
-        self.done += 1
-        if self.progress is not None:
-            self.total = max(self.total, self.done)
-            self.progress(self.done, self.total)
-
-
-# ---------------------------------------------------------------------------------------------
 # the search
-
-
-@dataclass
-class TuneResult:
-    """What :func:`tune` found. ``candidates``: every evaluated configuration of the profile's
-    policy, best first; ``alternatives``: the same trace under the other engine policies (for
-    comparison, never recommended); ``recommended``: ``candidates[0]`` (``peak``/``mallocs``) or
-    the front's knee (``pareto``)."""
-
-    profile: _profiles.Profile
-    policy: str
-    objective: str
-    cap: int | None
-    device: int
-    budget: int
-    baseline: Candidate
-    baseline_config: str | None  # canonical recorded settings; None when they do not parse
-    candidates: list[Candidate]
-    pareto: list[Candidate]
-    alternatives: list[Candidate]
-    recommended: Candidate
-    accuracy: dict[str, Any]
-    skipped: list[tuple[str, str]]
-    stages: dict[str, int]
-    rejected: int
-    space_size: int
-    seconds: float
-    private_pools: bool = False
-    #: the peak reserved the ranking minimised (:data:`~.ranking.PEAK_SCOPES`)
-    peak_scope: str = "recording"
-    #: the best-ranked configuration when it carried a high-severity warning and a
-    #: warning-free one within :data:`WARNING_FREE_SLACK` was recommended instead: its
-    #: ``config``, warning ``codes`` and ``peak_difference`` (bytes the recommendation gives up)
-    passed_over: dict[str, Any] | None = None
-    #: the torch config-parser rules the configs were read with and why: ``{"torch": "2.14",
-    #: "chosen_by": ...}`` (:class:`~..sim.scenario.Scenario`'s ``rules``/``rules_chosen_by``)
-    config_rules: dict[str, str] | None = None
-
-    @property
-    def evaluated(self) -> int:
-        """Distinct configurations evaluated (the profile's policy; alternatives not counted)."""
-        return len(self.candidates)
-
-    def groups(self) -> list[tuple[Candidate, list[Candidate]]]:
-        """The ranked candidates with equivalent results folded: (best, others), in rank
-        order."""
-        out: dict[tuple[int, ...], tuple[Candidate, list[Candidate]]] = {}
-        for c in self.candidates:
-            k = c.metrics()
-            if k in out:
-                out[k][1].append(c)
-            else:
-                out[k] = (c, [])
-        return list(out.values())
 
 
 def _baseline_choice(space: SearchSpace, s: AllocatorSettings,
@@ -242,8 +127,6 @@ def tune(trace: Any, *, objective: str = "peak", cap: int | None = None,
     largest allocation, or no ``cap`` for a trace recorded with a memory fraction) and
     ``ValueError`` for a bad objective or budget.
     """
-    from ..sim.trace_ops import recorded_summary
-
     if objective not in OBJECTIVES:
         raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}; got {objective!r}")
     if peak not in PEAK_SCOPES:
@@ -277,7 +160,7 @@ def tune(trace: Any, *, objective: str = "peak", cap: int | None = None,
     base_entries = _entries(base_cfg or "")
     alt_policies = [p for p in POLICIES if p != pol] if compare_policies else []
     n_alt = 3 * len(alt_policies)
-    ev = _Evaluator(trace, space, device, jobs, progress, budget + n_alt)
+    ev = Evaluator(trace, space, device, jobs, progress, budget + n_alt)
     evaluated: dict[str, Candidate] = {}
     rejected = 0
     stages: dict[str, int] = {}
@@ -317,7 +200,7 @@ def tune(trace: Any, *, objective: str = "peak", cap: int | None = None,
         if base_cfg is None:
             # the recorded settings cannot be written as a config string for this profile:
             # simulate them as recorded; the defaults are searched like any candidate
-            baseline = Candidate(config=None, policy=pol, stage="baseline", **_evaluate_one(
+            baseline = Candidate(config=None, policy=pol, stage="baseline", **evaluate_one(
                 trace, None, pol, space.profile, cap, device, ev.ops_cache))
             ev._tick()
         else:
@@ -401,16 +284,16 @@ def tune(trace: Any, *, objective: str = "peak", cap: int | None = None,
         ev.close()
     ranked = rank(list(evaluated.values()), objective, peak)
     front = pareto_front(ranked, peak)
-    private = _private_pools(trace, device)
-    recommended, passed_over = _prefer_warning_free(ranked, peak, space.profile, space.device,
+    private = uses_private_pools(trace, device)
+    recommended, passed_over = prefer_warning_free(ranked, peak, space.profile, space.device,
                                                     uses, private)
     summary = recorded_summary(trace, device)
     if cap is None or rec.per_process_memory_fraction < 1.0:
         acc_base = baseline  # a recorded fraction needs the cap to have a size
     else:  # the validate comparison replays the recording as it ran: without a cap
-        acc_base = Candidate(config=None, policy=pol, stage="validate", **_evaluate_one(
+        acc_base = Candidate(config=None, policy=pol, stage="validate", **evaluate_one(
             trace, None, pol, space.profile, None, device, ev.ops_cache))
-    accuracy = _accuracy(acc_base, summary, base_cfg is not None)
+    accuracy = accuracy_report(acc_base, summary, base_cfg is not None)
     return TuneResult(
         profile=space.profile, policy=pol, objective=objective, cap=cap, device=device,
         budget=budget, baseline=baseline, baseline_config=base_cfg, candidates=ranked,
@@ -423,75 +306,3 @@ def tune(trace: Any, *, objective: str = "peak", cap: int | None = None,
     )
 
 
-#: A configuration that carries one of the tool's own high-severity warnings is recommended
-#: only when no warning-free configuration comes within this fraction of its peak.
-WARNING_FREE_SLACK = 0.001
-
-
-def high_warnings(c: Candidate, profile: _profiles.Profile, device: str,
-                  uses: tuple[str, ...] = (), private_pools: bool = False) -> list[str]:
-    """Codes of the high-severity warnings :func:`~.advice.advise` gives ``c``'s config (the
-    environment not considered: it is the same for every configuration)."""
-    from .advice import advise
-
-    if c.config is None:
-        return []
-    settings = parse_config(c.config, device)
-    return [a.code for a in advise(settings, profile, uses=uses, private_pools=private_pools)
-            if a.severity == "high"]
-
-
-def _prefer_warning_free(ranked: list[Candidate], scope: str, profile: _profiles.Profile,
-                         device: str, uses: tuple[str, ...], private_pools: bool
-                         ) -> tuple[Candidate, dict[str, Any] | None]:
-    """``ranked[0]``, unless it carries a high-severity warning and a warning-free candidate
-    with no more out-of-memory events is within :data:`WARNING_FREE_SLACK` of its peak (of
-    ``scope``): then the best such one, and what was passed over."""
-    top = ranked[0]
-    codes = high_warnings(top, profile, device, uses, private_pools)
-    if not codes:
-        return top, None
-    limit = peak_of(top, scope) * (1 + WARNING_FREE_SLACK)
-    for c in ranked[1:]:
-        if c.ooms <= top.ooms and peak_of(c, scope) <= limit and not high_warnings(
-                c, profile, device, uses, private_pools):
-            return c, {"config": top.config, "label": top.label, "codes": codes,
-                       "peak_difference": peak_of(c, scope) - peak_of(top, scope),
-                       "peak_scope": scope}
-    return top, None
-
-
-def _accuracy(baseline: Candidate, rec: dict[str, Any], as_config: bool) -> dict[str, Any]:
-    """The validate comparison (``accel-alloc validate``): the baseline replay vs the recording."""
-    pairs = {"peak_reserved": baseline.peak_reserved, "segment_alloc": baseline.device_mallocs,
-             "segment_free": baseline.device_frees, "segment_map": baseline.maps,
-             "segment_unmap": baseline.unmaps}
-    metrics = {}
-    for key, s in pairs.items():
-        r = int(rec[key])
-        metrics[key] = {"simulated": int(s), "recorded": r, "error": int(s) - r,
-                        "relative_error": (round((s - r) / r, 6) if r
-                                           else (0.0 if s == 0 else None))}
-    rel = metrics["peak_reserved"]["relative_error"]
-    return {
-        "metrics": metrics,
-        "peak_error_pct": None if rel is None else round(abs(rel) * 100, 3),
-        "exact": all(m["error"] == 0 for m in metrics.values()),
-        "baseline_as_config": as_config,
-    }
-
-
-def _private_pools(trace: Any, device: int) -> bool:
-    """Whether the trace allocates into private pools (CUDA graphs, MemPool): a nonzero event
-    ``pool`` or a segment with a nonzero ``segment_pool_id``."""
-    ev = trace.events(device)
-    if "pool" in (ev.dtype.names or ()) and len(ev) and bool((ev["pool"] != 0).any()):
-        return True
-    for s in trace.segments:
-        if s.get("device", device) != device:
-            continue
-        pid = s.get("segment_pool_id")
-        if pid is not None and any(int(x) for x in (pid if isinstance(pid, (tuple, list))
-                                                    else (pid,))):
-            return True
-    return False

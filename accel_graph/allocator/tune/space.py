@@ -15,8 +15,9 @@ from typing import Any
 from ...errors import ConfigError
 from ..alloc_conf import parse_config
 from ..core.settings import POLICY_KEYS
+from ..devices import config_dialect_of, rounding_rule_or_default
 from ..sim import profiles as _profiles
-from ..sim.scenario import CONFIG_DEVICE, scenario_profile
+from ..sim.scenario import scenario_profile
 from ..units import MIB
 
 __all__ = ["KNOB_VALUES", "SearchSpace", "build_space", "search_space"]
@@ -141,7 +142,7 @@ def build_space(trace: Any, profile: str | _profiles.Profile | None = None,
         skipped.append(("roundup_power2_divisions", f"profile {prof.name} does not honour it"))
     elif ignored_by_policy("roundup_power2_divisions"):
         pass
-    elif prof.rounding == "xpu":
+    elif not rounding_rule_or_default(prof.rounding).power2_divisions:
         skipped.append(("roundup_power2_divisions",
                         "the xpu allocator rounds to 512 bytes only; the divisions are not applied"))
     elif not prof.roundup_applied:
@@ -169,7 +170,7 @@ def build_space(trace: Any, profile: str | _profiles.Profile | None = None,
                         "(pytorch#106660)"))
     elif not ignored_by_policy("garbage_collection_threshold"):
         knobs["gc"] = KNOB_VALUES["gc"]
-    return SearchSpace(prof, pol, CONFIG_DEVICE.get(prof.device, "cuda"), expandable, knobs,
+    return SearchSpace(prof, pol, config_dialect_of(prof.device), expandable, knobs,
                        tuple(skipped), cap)
 
 

@@ -24,6 +24,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from ..alloc_conf import parse_torch_version
+from ..devices import CONFIG_VARIABLES, device_kind_or_default
 from ..sim.profiles import PROFILES, Profile
 from ..sim.scenario import top_level_entries
 from ..traces.actions import A_MAP, A_UNMAP
@@ -37,8 +39,8 @@ _ES_MIN: Version = (2, 1)
 #: The first torch release with wheels for a Python version (older Pythons: no bound).
 _PYTHON_MIN: dict[tuple[int, int], Version] = {(3, 12): (2, 2), (3, 13): (2, 5)}
 _PYTHON_DIR = re.compile(r"/lib/python(3)\.(\d+)/")
-_CONF_KEYS = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF",
-              "PYTORCH_NPU_ALLOC_CONF")
+#: Where a snapshot may keep the config string: every device's variables, current name first.
+_CONF_KEYS = CONFIG_VARIABLES
 
 
 def top_level_keys(config: str) -> list[str]:
@@ -82,7 +84,7 @@ def infer_torch(trace: Any, device: int = 0) -> dict[str, Any]:
             bound = v
 
     settings = trace.allocator_settings if isinstance(trace.allocator_settings, dict) else {}
-    dev = {"rocm": "rocm", "xpu": "xpu", "npu": "npu"}.get(trace.device_type or "cuda", "cuda")
+    dev = device_kind_or_default(trace.device_type).name
     for name in _CONF_KEYS:
         raw = settings.get(name)
         if isinstance(raw, str) and raw.strip():
@@ -165,8 +167,6 @@ def older_than_trace(given: str | tuple[int, int] | None, trace_torch: dict[str,
     seen = trace_torch.get("at_least")
     if given is None or not seen:
         return None
-    from ..alloc_conf import parse_torch_version
-
     have = parse_torch_version(given)
     need = parse_torch_version(seen)
     if have >= need:

@@ -9,6 +9,7 @@ import argparse
 import os
 from typing import Any
 
+from ...allocator.devices import DEVICE_TYPES
 from .options import EXIT_BAD_TRACE, EXIT_UNSUPPORTED, CliError, guarded, warn
 
 __all__ = [
@@ -26,6 +27,8 @@ __all__ = [
 FROM_ARGS = object()
 #: Words that mean "the settings the trace was recorded with" where a config is expected.
 RECORDED_WORDS = ("recorded", "as-recorded")
+#: The device families with an allocator model, as messages list them ("cuda, rocm, xpu and npu").
+_MODELLED = f"{', '.join(DEVICE_TYPES[:-1])} and {DEVICE_TYPES[-1]}"
 
 
 def config_text(value: str | None) -> str | None:
@@ -75,7 +78,7 @@ def load_input(path: str, device_type: str | None = None) -> Any:
     if trace.device_type is None and foreign:
         raise CliError(
             f"{path}: recorded on a '{foreign}' device, for which accel-alloc has no allocator "
-            "model (it models cuda, rocm, xpu and npu); if its allocator is a port of PyTorch's "
+            "model (it models " + _MODELLED + "); if its allocator is a port of PyTorch's "
             "CUDA caching allocator, pass --device-type cuda to analyse it as one",
             EXIT_UNSUPPORTED)
     return trace

@@ -4,6 +4,11 @@ Same registry mechanism as ``accel-graph`` (:mod:`accel_graph.cli.main`): one mo
 command defining ``add_arguments(parser)`` and ``run(args) -> int``, imported only when chosen.
 Every user error becomes one line on stderr and a documented exit code
 (:mod:`accel_graph.cli.alloc.options`); the command never prints a traceback for bad input.
+
+The command modules import the allocator's numpy-backed modules (and the optional matplotlib
+and tqdm) inside the functions that use them: for start-up time only (``accel-alloc --help``
+and argument errors stay fast, and torch is never imported). The allocator never imports the
+CLI, so none of these hides an import cycle.
 """
 
 from __future__ import annotations

@@ -33,6 +33,8 @@ import math
 import sys
 from typing import Any, NoReturn
 
+from ...allocator.devices import DEVICE_TYPES
+
 __all__ = [
     "EXIT_BAD_CONFIG",
     "EXIT_BAD_TRACE",
@@ -140,7 +142,7 @@ def add_trace_options(parser: argparse.ArgumentParser, *, nargs: str | None = No
         parser.add_argument("trace", metavar="TRACE",
                             help="snapshot pickle (dict or legacy list; CUDA, ROCm, XPU, NPU), "
                             "accel-graph JSON or compact trace, or RMM logging CSV")
-    parser.add_argument("--device-type", choices=("cuda", "rocm", "xpu", "npu"), default=None,
+    parser.add_argument("--device-type", choices=DEVICE_TYPES, default=None,
                         help="override the device type the file says or implies")
     parser.add_argument("--device", type=int, default=None, metavar="N",
                         help="device index to use (default: the one with the most events)")

@@ -73,7 +73,8 @@ def series_view(trace: Any, s: dict[str, Any], device: int, top: int,
 
     For a simulated series ``s["sim"]`` must come from ``simulate(..., keep_events=True,
     keep_layout=True)``."""
-    from ...allocator.analysis.inspect import inspect_trace, layout_at
+    from ...allocator.analysis.inspect import inspect_trace
+    from ...allocator.analysis.layout import layout_at
 
     if s["kind"] == "simulated":
         from ...allocator.sim.predicted import predicted_trace
