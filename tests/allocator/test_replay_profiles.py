@@ -290,3 +290,13 @@ def test_private_pool_does_not_reuse_default_memory():
     r0 = replay_trace(trace, EngineSettings())
     assert r0.device_mallocs == 2 and r0.peak_reserved == 12 * MIB and not r0.pools
     del c
+
+
+def test_rocm_trace_replays_with_its_recorded_settings():
+    """A ROCm trace's recorded settings read in the HIP dialect (they once raised ConfigError:
+    "rocm" went to the config parser, which knows "hip")."""
+    t = _small_trace(EngineSettings(), "rocm")
+    t.allocator_settings = {"PYTORCH_ALLOC_CONF": "backend:hipMallocAsync,max_split_size_mb:40"}
+    r = replay_trace(t)
+    assert r.profile == "rocm-2.13"
+    assert replay_trace(t).peak_reserved == replay_trace(t, profile="rocm-2.13").peak_reserved

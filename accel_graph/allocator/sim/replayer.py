@@ -38,7 +38,7 @@ from ..alloc_conf import settings_from_snapshot
 from ..core.engine import Engine
 from ..core.records import OP, OP_DTYPE
 from ..core.settings import EngineSettings
-from ..devices import rounding_rule_or_default
+from ..devices import config_dialect_of, rounding_rule_or_default
 from ..traces.actions import (
     A_MAP,
     A_SEG_ALLOC,
@@ -126,12 +126,9 @@ def apply_profile(settings: EngineSettings, profile: Profile | str | None,
 
 
 def _trace_settings(trace: Any, device: int) -> EngineSettings:
-    # Not config_dialect_of(): a ROCm trace passes "rocm", which parse_config refuses (so
-    # replaying one without settings raises ConfigError). Kept as it was (issue 25 changes no
-    # behaviour); reported to the lead.
+    # The trace's device kind picks the config dialect (a ROCm trace's settings read as "hip").
     parsed = settings_from_snapshot(trace.allocator_settings or {},
-                                    "cuda" if trace.device_type in (None, "npu") else
-                                    trace.device_type)
+                                    config_dialect_of(trace.device_type))
     es = EngineSettings.from_allocator_settings(parsed)
     inferred = any(s.get("is_expandable") for s in trace.segments
                    if s.get("device", device) == device)
