@@ -293,6 +293,37 @@ def test_every_module_is_in_the_architecture_table():
                        "than one (spell more of the path):\n" + "\n".join(stale))
 
 
+_XREF = re.compile(r":(mod|class|func|data|meth|attr|exc):`~?(\.+[\w.]+)`")
+
+
+def stale_references(package: str, text: str, modules: set[str]) -> list[str]:
+    """The relative Sphinx references in ``text`` (``:mod:`.x```, ``:func:`..y.f```) of a module
+    of ``package`` that name no module; ``:func:`.name``` and ``:meth:`.Class.name``` (this
+    module's own) pass."""
+    stale = []
+    for role, ref in _XREF.findall(text):
+        dots = len(ref) - len(ref.lstrip("."))
+        base = package.split(".")
+        base = base[: len(base) - (dots - 1)] if dots > 1 else base
+        parts = ref[dots:].split(".")
+        known = any(".".join(base + parts[:k]) in modules for k in range(len(parts), 0, -1))
+        # ``.name`` or ``.Class.attr`` name something of this module itself
+        own = role != "mod" and dots == 1 and (len(parts) == 1 or (len(parts) == 2 and parts[0][:1].isupper()))
+        if not known and not own:
+            stale.append(f":{role}:`{ref}`")
+    return stale
+
+
+def test_docstring_references_name_modules_that_exist():
+    """A module that moved leaves no ``:mod:`.old_name``` behind in its neighbours' docstrings."""
+    names = set(MODULES)
+    stale = []
+    for mod in MODULES.values():
+        package = mod.name if mod.is_package else mod.name.rpartition(".")[0]
+        stale += [f"{_relpath(mod)}: {r}" for r in stale_references(package, mod.path.read_text(), names)]
+    assert not stale, "references to modules that do not exist:\n" + "\n".join(stale)
+
+
 def _private_uses(mod: Module) -> Iterator[str]:
     aliases: dict[str, str] = {}
     for target, names, line, _eager in mod.imports:
@@ -373,6 +404,10 @@ def test_the_rules_catch_what_they_claim(tmp_path):
         [], ["gone.py", "x.py"])
     doc = "## Where each behaviour lives\n| a | `b/y.py`, `z.py` |\n## Recipes\n`a/x.py`"
     assert table_paths(doc) == {"b/y.py", "z.py"}
+    mods = {"p", "p.a", "p.q", "p.q.b"}
+    assert stale_references("p.q", ":mod:`.b` :func:`..a.f` :class:`.Local` :meth:`.Local.m`", mods) == []
+    assert stale_references("p.q", ":mod:`.gone` :func:`.a.f` :mod:`..b`", mods) == [
+        ":mod:`.gone`", ":func:`.a.f`", ":mod:`..b`"]
     # the recorder's own modules import each other; the boundary check sees the others' imports
     assert _reaches_into(RECORDER, frozenset()) == _reaches_into(RECORDER, RECORDER_IMPORTERS_ALLOWED)
     assert _reaches_into("accel_graph.backends.capture_common", frozenset())

@@ -302,7 +302,7 @@ def routing_report(check_device: bool = False) -> dict[str, Any]:
     check of :func:`select_backend`, which would start the device runtime.
 
     Keys: ``ACCEL_GRAPH_BACKEND``, ``backend``, ``device``, ``error``, ``accelerator`` (the
-    build's accelerator and its devices, :meth:`.AcceleratorPresence.as_dict`),
+    build's accelerator and its devices, :meth:`.presence.AcceleratorPresence.as_dict`),
     ``device_error`` (the current device failed the native backend's check: the text) and ``reason``
     (one sentence, e.g. "build has CUDA 13.0, 0 device(s): graphs use the recorder on the CPU").
     """

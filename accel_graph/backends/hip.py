@@ -9,7 +9,7 @@ so this is the cuda adapter with ROCm's differences: it serves only builds with
 * ``warmup-same-stream``: ``accel_graph.graph`` captures on the current stream when it is a side
   stream (vLLM #53818), so warm-up run there shares its library handles with the capture.
 * ``no-conditional-nodes``: ``torch.cond`` in a capture is refused with ``CaptureError``
-  (:mod:`.native_cf_support`);
+  (:mod:`.native.control_flow_support`);
 * the allocator quirks are reported (``describe`` and the doctor's
   ``rocm`` section, with the gfx arch per device).
 """

@@ -222,7 +222,7 @@ class NativeGraphBackend(NativeCaptureContext, Backend):
     @classmethod
     def probe(cls) -> str | None:
         """The build check (:meth:`probe_build`), then the vendor module, ``is_available()``
-        and ``device_count()`` (:func:`.presence.module_reason`: a raising driver is a reason),
+        and ``device_count()`` (:func:`..presence.module_reason`: a raising driver is a reason),
         then the graph class (:meth:`probe_graph_class`). Never initialises a device."""
         reason = cls.probe_build()
         if reason is not None:
@@ -281,7 +281,7 @@ class NativeGraphBackend(NativeCaptureContext, Backend):
 
     def control_flow_support(self) -> cf_support.ControlFlowSupport:
         """What this backend captures of torch.cond / torch.while_loop / torch.switch
-        (feature-detected by API on each call; :mod:`.native_cf_support`). Must not raise."""
+        (feature-detected by API on each call; :mod:`.control_flow_support`). Must not raise."""
         return cf_support.detect_support(self.name, self.module_name, self.module)
 
     def control_flow_warmup(self, device: DeviceSpec) -> AbstractContextManager[Any]:

@@ -7,7 +7,7 @@ raises a bare ``torch.AcceleratorError`` (a ``RuntimeError``) saying "operation 
 when stream is capturing"; every later op of that capture then fails with "operation failed due
 to a previous error during capture". The recorder raises a :class:`CaptureError` naming the op
 for the same code, and the conformance suite holds every backend to that (verified on an H200,
-torch 2.11, docs/device-results.md). :class:`.native_control_flow.ControlFlowMode` sees every
+torch 2.11, docs/device-results.md). :class:`.control_flow.ControlFlowMode` sees every
 op of a native capture, so it turns these errors into a ``CaptureError`` that names the op and
 says what to do, chained to torch's error; errors of any other kind pass through untouched.
 """

@@ -18,7 +18,7 @@ whole and:
   are cloned (torch copies the false branch's results into them), and the false branch must
   return the same structure, shapes and dtypes (torch would broadcast or cast silently).
 - ``while_loop`` and ``switch``: through torch's while/switch-node capture where this torch has
-  it (feature-detected by API, never by version string, in :mod:`.native_cf_support`; torch
+  it (feature-detected by API, never by version string, in :mod:`.control_flow_support`; torch
   2.13 has neither), else refused.
 - random ops inside a branch or body: refused (torch's rule: CUDA graphs cannot advance the RNG
   inside a conditional node).

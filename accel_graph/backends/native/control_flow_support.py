@@ -1,7 +1,7 @@
 """What a native backend can capture of ``torch.cond`` / ``torch.while_loop`` / ``torch.switch``:
 feature detection by API (never by torch's version string), the refusal messages, and the
 check ``check_capturable(target=...)`` can make from torch's Python API alone. The capture
-itself is :mod:`.native_control_flow`; docs/backends.md "Control flow inside native graphs".
+itself is :mod:`.control_flow`; docs/backends.md "Control flow inside native graphs".
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ Known bypasses that remain, reported by :func:`watch_fx_graph_cache`:
   convolution weights as mkldnn tensors, which its cache key cannot pickle ("mkldnn tensors
   unpickleable"); every process generates the code again (the C++ kernels themselves are still
   found in the on-disk code cache, so a second process is faster, not free);
-- the retry without the static-shape tracing context (``attempt``, :mod:`.compiled`): "No shape
+- the retry without the static-shape tracing context (``attempt``, :mod:`.inductor`): "No shape
   env".
 
 :func:`watch_fx_graph_cache` reads Inductor's own counters
@@ -80,7 +80,7 @@ def static_kwargs(compile_fx: Callable[..., Any]) -> dict[str, Any]:
     without it every placeholder got symbolic sizes (``s26``, ``s53``) from the shape env and
     Inductor generated dynamic-shape code. Torch 2.13's Python wrapper bound those symbols from
     the inputs' sizes at every call; torch 2.14.1's binds them only under
-    ``config.size_asserts``, which :mod:`.compile_settings` turns off, so its code named
+    ``config.size_asserts``, which :mod:`.settings` turns off, so its code named
     undefined symbols (``NameError: name 's53' is not defined`` at the first run). With it the
     inputs are static fakes while the tracing context still carries a shape env, so the FX
     graph cache keeps hitting. Feature-detected on the callable actually used (tests and tools
@@ -135,7 +135,7 @@ def watch_fx_graph_cache() -> Iterator[dict[str, Any]]:
     consult it, or ``"unknown"``), ``bypass_reason`` (for a bypass, Inductor's words, or None)
     and ``reuse`` (``"fx-graph-cache"`` when every lookup hit, else ``"compiled"``).
 
-    The counters are process-wide: callers hold :mod:`.compiled`'s compile lock, so another
+    The counters are process-wide: callers hold :mod:`.inductor`'s compile lock, so another
     compile of accel-graph cannot run meanwhile (a ``torch.compile`` in another thread at the
     same moment could still be counted with ours; that only mislabels a report, never a result).
     """

@@ -1,5 +1,5 @@
 """How a recorder graph with ``compile="inductor"`` picks its replay program (a mixin of
-:class:`.backend.RecorderGraphImpl`, split from it to keep modules small).
+:class:`..backend.RecorderGraphImpl`, split from it to keep modules small).
 
 At instantiation the captured program is compiled (:func:`.segmented.compile_any`); any
 failure falls back to the interpreted program with the reason logged and kept in
@@ -156,7 +156,7 @@ class CompiledChoice:
         return replay
 
     def _first_run_failed(self, exc: BaseException, undone: bool) -> Any:
-        """The compiled program raised at its first run (:mod:`.compiled_first_run`): log the
+        """The compiled program raised at its first run (:mod:`.first_run`): log the
         reason, keep it in ``compile_info()`` and replay interpreted from now on."""
         reason = failure_reason(exc)
         log.warning("compile='inductor': the compiled program failed at its first run on %s "

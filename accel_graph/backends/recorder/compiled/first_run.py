@@ -2,7 +2,7 @@
 
 Some Inductor failures show only when the generated code first runs, not at compilation: a
 wrapper naming an undefined size symbol (torch 2.14.1 without ``ignore_shape_env``,
-:func:`.compile_cache.static_kwargs`), a kernel that fails to load or to autotune at its first
+:func:`.cache.static_kwargs`), a kernel that fails to load or to autotune at its first
 launch. Such a failure must not escape ``replay()`` when the interpreted program can replay the
 graph instead (the contract of issue 15 for compile failures), and it must not leave a silent
 wrong result behind: a compiled run that failed half-way may already have written inputs in

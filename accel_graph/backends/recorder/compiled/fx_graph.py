@@ -192,7 +192,7 @@ def _collective_node(graph: fx.Graph, step: Step, args: Any, kwargs: Any,
     """A collective as Inductor expects it: a functional op, then ``wait_tensor`` of each result.
     c10d in-place ops (``dist.all_reduce``, ...; their process group is a script object Inductor
     does not take) become their functional twin plus a ``copy_`` back into the tensor they
-    mutate, where :func:`.collectives.as_functional` knows one; others are not compiled."""
+    mutate, where :func:`..collectives.as_functional` knows one; others are not compiled."""
     functional = collectives.as_functional(step.func, args, kwargs)
     if functional is not None:
         # An in-place c10d op as its functional twin, waited for and copied back into the

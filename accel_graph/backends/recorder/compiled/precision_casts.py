@@ -1,6 +1,6 @@
 """Can Inductor's CPU code keep eager's fp16/bf16 rounding? If not, compiled replay refuses.
 
-Compiled replay compiles with ``emulate_precision_casts`` (:mod:`.compile_settings`) so a fused
+Compiled replay compiles with ``emulate_precision_casts`` (:mod:`.settings`) so a fused
 kernel rounds every fp16/bf16 intermediate as eager does. Inductor's C++ (CPU) code generator
 honours it only in torch releases that carry pytorch#185337: before it, ``CppOverrides.to_dtype``
 caches the fp32 -> fp16 -> fp32 round trip as the fp32 value itself, whatever the setting, so

@@ -1,6 +1,6 @@
 """Random ops in compiled replay draw in program order, also on torches whose Inductor reorders them.
 
-Compiled replay compiles with ``fallback_random`` (:mod:`.compile_settings`): each random op
+Compiled replay compiles with ``fallback_random`` (:mod:`.settings`): each random op
 calls aten's kernel on the global generator, so a replay after ``torch.manual_seed(s)`` draws
 what eager draws, provided the kernels run in program order. Since torch 2.13 Inductor's
 post-grad passes chain the random ops (``_chain_random_ops_for_ordering``: each one depends on

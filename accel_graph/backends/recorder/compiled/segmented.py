@@ -1,8 +1,8 @@
-"""``compile="inductor"`` for programs with host steps (generator state, :mod:`.rng`).
+"""``compile="inductor"`` for programs with host steps (generator state, :mod:`..rng`).
 
 A host step is a Python call between kernels (a generator snapshot or restore), which an FX
 graph cannot order against Inductor's random kernels. Such a program is compiled in stretches:
-each run of ops between host steps is one Inductor program (:func:`.compiled.compile_program`),
+each run of ops between host steps is one Inductor program (:func:`.inductor.compile_program`),
 and the host steps run interpreted between them, so every draw happens in the order eager makes
 it, on the generator state eager has at that point.
 
@@ -14,7 +14,7 @@ in it) replays interpreted: its compiled placeholders would alias, which AOT can
 static shapes. ``debug_dump``'s ``compiled.interpreted_stretches`` lists their sizes.
 Programs without host steps compile as one program, unchanged. Control-flow steps (``cond``,
 ``while``) sit between stretches like host steps, with each of their sub-programs compiled in
-turn (:mod:`.compiled_control_flow`, which calls back into :func:`compile_any` for nesting).
+turn (:mod:`.control_flow`, which calls back into :func:`compile_any` for nesting).
 """
 
 from __future__ import annotations
@@ -55,9 +55,9 @@ def compile_any(
     outside: list[PoolRef] | None = None,
 ) -> tuple[Callable[[], None], dict[str, Any]]:
     """Compile ``steps`` (as captured, with pool locations) with ``compile_fn``
-    (:func:`.compiled.compile_program`, or the caller's replacement); raises on any failure,
+    (:func:`.inductor.compile_program`, or the caller's replacement); raises on any failure,
     and returns ``(replay_fn, info)`` like it. Control-flow steps have each sub-program compiled
-    (:mod:`.compiled_control_flow`; one that fails replays interpreted, logged, without failing
+    (:mod:`.control_flow`; one that fails replays interpreted, logged, without failing
     the rest). ``outside``: for a sub-program, the pool locations read outside it."""
     if outside is None:  # the whole graph (sub-programs are staged by compile_control)
         steps, pairs = stage_reads_before_writes(steps, pool)

@@ -1,7 +1,7 @@
 """The Inductor configuration compiled replay compiles under, and why each setting is there.
 
 :func:`inductor_settings` is patched around every compilation (``torch._inductor.config.patch``)
-by :mod:`.compiled`; ``tools/profile_compiled.py`` measures the settings evaluated for speed
+by :mod:`.inductor`; ``tools/profile_compiled.py`` measures the settings evaluated for speed
 (docs/recorder.md, "Compiled replay").
 """
 
