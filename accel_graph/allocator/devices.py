@@ -22,12 +22,14 @@ Lookups: :func:`device_kind` accepts any name or alias, in any case, and raises
 :func:`device_kind_or_default` take a canonical name only (a trace's or a profile's
 ``device_type``, exactly as spelled there) and return None, or CUDA, the family a trace that does
 not say is simulated as, for anything else. :func:`runtime_device_kind` maps the device
-plug-in's runtime names (``"cuda"``, ``"hip"``). Nothing here imports anything heavy.
+plug-in's runtime names (``"cuda"``, ``"hip"``). Nothing here imports anything heavy: the rows
+are ``NamedTuple`` (immutable), not dataclasses, because ``accel-alloc`` reads this table at
+start-up and ``dataclasses`` alone would add about 10 ms to it (it imports ``inspect``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from ..errors import ConfigError
 
@@ -58,8 +60,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
-class ConfigDialect:
+class ConfigDialect(NamedTuple):
     """How one kind of torch build reads a ``PYTORCH_ALLOC_CONF`` string (``parse_config``'s
     ``device``): which keys it knows and which values of ``backend`` it takes."""
 
@@ -73,8 +74,7 @@ class ConfigDialect:
     refuses_unknown_keys: bool
 
 
-@dataclass(frozen=True)
-class RoundingRule:
+class RoundingRule(NamedTuple):
     """How a build rounds a request to a block size: ``extra`` bytes are added first (torch_npu
     adds 32: ``EngineSettings.round_extra``), then the size is rounded to 512-byte multiples
     (at least 512), and, where ``power2_divisions`` holds, by ``roundup_power2_divisions``."""
@@ -84,8 +84,7 @@ class RoundingRule:
     power2_divisions: bool
 
 
-@dataclass(frozen=True)
-class DeviceKind:
+class DeviceKind(NamedTuple):
     """One device family whose caching allocator is modelled (see the module docstring)."""
 
     #: Canonical name: a trace's ``device_type``, a profile's ``device``, JSON fields.

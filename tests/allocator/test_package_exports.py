@@ -25,3 +25,15 @@ def test_allocator_tools_do_not_import_torch():
             "a.parse_config('expandable_segments:True'); print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_command_help_does_not_load_the_engine():
+    """``accel-alloc <command> --help`` stays fast: the engine's module (and its C core) loads on
+    the first simulation, not when a command's options are built (sim/scenario.py and
+    tune/search.py import it inside the functions that run a replay)."""
+    code = ("import sys\nfrom accel_graph.cli.alloc.main import main\n"
+            "for cmd in ('tune', 'simulate', 'inspect', 'diff', 'validate'):\n"
+            "    try:\n        main([cmd, '--help'])\n    except SystemExit:\n        pass\n"
+            "print(sorted(m for m in ('accel_graph.allocator.core.engine', 'torch') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]"

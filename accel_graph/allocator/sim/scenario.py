@@ -34,7 +34,6 @@ from ..devices import config_dialect_of
 from ..traces.actions import A_ALLOC
 from ..units import fmt_bytes
 from . import profiles as _profiles
-from .replayer import replay_trace
 from .results import Figures
 
 __all__ = [
@@ -333,6 +332,10 @@ def simulate(trace: Any, scenario: Scenario, *, device: int = 0, keep_events: bo
     ``keep_events``/``keep_layout``: keep the engine events and final layout in ``replay``
     (for timelines and :func:`~.predicted.predicted_trace`).
     """
+    # Imported here for start-up time only (not a cycle): the engine and its C core load on
+    # the first simulation, not for `accel-alloc <command> --help` or for building scenarios.
+    from .replayer import replay_trace
+
     if not len(trace.events(device)):
         raise UnsupportedTraceError(f"the trace has no events for device {device}")
     es = engine_settings(scenario, trace, device)

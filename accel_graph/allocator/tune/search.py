@@ -50,7 +50,6 @@ from ..alloc_conf import AllocatorSettings, parse_config
 from ..core.settings import POLICIES, POLICY_KEYS
 from ..sim import profiles as _profiles
 from ..sim.scenario import make_scenario, recorded_settings, top_level_entries
-from ..sim.trace_ops import recorded_summary
 from ..units import MIB
 from .evaluator import Evaluator, evaluate_one
 from .ranking import OBJECTIVES, PEAK_SCOPES, Candidate, pareto_front, rank
@@ -287,6 +286,10 @@ def tune(trace: Any, *, objective: str = "peak", cap: int | None = None,
     private = uses_private_pools(trace, device)
     recommended, passed_over = prefer_warning_free(ranked, peak, space.profile, space.device,
                                                     uses, private)
+    # Imported here for start-up time only (not a cycle): it loads the engine's module, which
+    # `accel-alloc tune --help` does not need.
+    from ..sim.trace_ops import recorded_summary
+
     summary = recorded_summary(trace, device)
     if cap is None or rec.per_process_memory_fraction < 1.0:
         acc_base = baseline  # a recorded fraction needs the cap to have a size
