@@ -189,7 +189,7 @@ def test_a_raising_hook_is_swallowed_and_the_rest_run(
     handles.append(accel_graph.register_graph_replay_start_hook(lambda g: after.append("ran")))
     x = torch.arange(3.0)
     try:
-        with caplog.at_level(logging.DEBUG, logger="accel_graph.graphs.hooks"):
+        with caplog.at_level(logging.DEBUG, logger="accel_graph.hooks"):
             g = Graph(device="cpu")
             y = capture(g, x)
             x.mul_(3)

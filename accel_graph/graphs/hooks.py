@@ -22,7 +22,7 @@ context manager). :class:`accel_graph.Graph` fires them on every backend, the re
 ``exec_ids`` is a ``set[int]`` of the :attr:`accel_graph.Graph.exec_id` values the cycle's
 instantiations minted (empty when it never instantiated). Hooks of one event run in
 registration order; an ``Exception`` a hook raises is swallowed (logged at DEBUG on the
-``accel_graph.graphs.hooks`` logger) so one consumer cannot break a graph step or another consumer,
+``accel_graph.hooks`` logger) so one consumer cannot break a graph step or another consumer,
 as torch's module-level hooks do; ``BaseException`` (``KeyboardInterrupt``) propagates.
 
 One registry, fired once per event: ``accel_graph``'s registrations are never forwarded to
@@ -59,7 +59,9 @@ __all__ = [
     "register_graph_replay_start_hook",
 ]
 
-_log = logging.getLogger(__name__)
+# The logger keeps the name it had before the module moved into graphs/ (issue 25): users
+# filter on it (docs/backends.md).
+_log = logging.getLogger("accel_graph.hooks")
 
 # The graph argument is the accel_graph.Graph firing the event. Typed ``Any`` here: this module
 # sits below graphs/graph.py (which imports it to fire the hooks) and must not import it back.
