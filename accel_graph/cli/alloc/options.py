@@ -33,8 +33,6 @@ import math
 import sys
 from typing import Any, NoReturn
 
-from ...allocator.devices import DEVICE_TYPES
-
 __all__ = [
     "EXIT_BAD_CONFIG",
     "EXIT_BAD_TRACE",
@@ -138,6 +136,10 @@ def add_json_option(parser: argparse.ArgumentParser, doc: str = "docs/accel-allo
 
 def add_trace_options(parser: argparse.ArgumentParser, *, nargs: str | None = None) -> None:
     """``TRACE`` plus ``--device-type`` and ``--device``."""
+    # Imported here for start-up time only (not a cycle): `accel-alloc --version` and the
+    # command list need no device table.
+    from ...allocator.devices import DEVICE_TYPES
+
     if nargs is None:
         parser.add_argument("trace", metavar="TRACE",
                             help="snapshot pickle (dict or legacy list; CUDA, ROCm, XPU, NPU), "
