@@ -25,7 +25,7 @@ from typing import Any
 
 __all__ = [
     "MARK", "IslandInfo", "Runner", "capture_runner", "clear_runner", "describe_callable",
-    "running", "running_island", "set_runner",
+    "refusal", "refused", "running", "running_island", "set_runner",
 ]
 
 #: The attribute naming an island: a wrapper function, or the ``forward`` of a marked module,
@@ -90,6 +90,24 @@ def running_island() -> Iterator[None]:
         _tls.depth -= 1
 
 
+@contextmanager
+def refused(reason: str) -> Iterator[None]:
+    """Within the block, a capture on this thread refuses islands (a runner raises
+    ``CaptureError`` with ``reason``): used where replay cannot honour an island
+    (``make_graphed_callables``, whose graphs replay inside an ``autograd.Function``)."""
+    previous = getattr(_tls, "refusal", None)
+    _tls.refusal = reason
+    try:
+        yield
+    finally:
+        _tls.refusal = previous
+
+
+def refusal() -> str | None:
+    """Why islands are refused on this thread now (:func:`refused`), or None."""
+    return getattr(_tls, "refusal", None)
+
+
 def describe_callable(fn: Any, name: str | None = None) -> IslandInfo:
     """The :class:`IslandInfo` of ``fn``: its qualified name and the line of its definition
     (``__wrapped__`` chains are followed; a callable object is described by its ``__call__``)."""
@@ -101,7 +119,8 @@ def describe_callable(fn: Any, name: str | None = None) -> IslandInfo:
         target = inner
     code = getattr(target, "__code__", None)
     if code is None:
-        call = type(target).__dict__.get("__call__")  # a callable object: its class's __call__
+        # A callable object: the __call__ its class defines or inherits.
+        call = next((k.__dict__["__call__"] for k in type(target).__mro__ if "__call__" in k.__dict__), None)
         code = getattr(call, "__code__", None)
     source = f"{code.co_filename}:{code.co_firstlineno}" if code is not None else "<unknown source>"
     if name is None:

@@ -35,7 +35,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from ...errors import CaptureError, ReplayError
 from ..capture_common.dispatch_stack import lifted
 from ..capture_common.frames import user_frame
-from ..capture_common.islands import IslandInfo, Runner, running_island
+from ..capture_common.islands import IslandInfo, Runner, refusal, running_island
 from ..capture_common.pytree import tree_flatten
 from . import ops as opinfo
 from .program import build_replay, materialize
@@ -162,6 +162,10 @@ _REPLAY_FIX = ("Nothing after the island ran in this replay and the graph is unc
 def _capture_island(cap: IslandCapture, info: IslandInfo, fn: Callable[..., Any], args: tuple,
                     kwargs: dict) -> Any:
     where = user_frame()
+    reason = refusal()
+    if reason is not None:
+        raise CaptureError(f"eager island {info} called (at {where}) during a capture on "
+                           f"{cap.device} that cannot take islands: {reason}")
     if cap.steps is not cap.top_steps:
         raise CaptureError(
             f"eager island {info} called inside a torch.cond branch or a torch.while_loop body "
@@ -176,7 +180,7 @@ def _capture_island(cap: IslandCapture, info: IslandInfo, fn: Callable[..., Any]
     with lifted(cap.mode), running_island():
         out = fn(*args, **kwargs)
     leaves, spec = pytree.tree_flatten(out)
-    _check_outputs(cap, info, leaves, (args, kwargs), where)
+    _check_outputs(cap, info, leaves, (args, kwargs), where, grad and not inference)
     with _disable_current_modes(), torch.inference_mode():
         buffers = []
         slots: list[int | None] = []
@@ -226,8 +230,10 @@ def _same_device(a: torch.device, b: torch.device) -> bool:
     return a.type == b.type and (a.index is None or b.index is None or a.index == b.index)
 
 
-def _check_outputs(cap: IslandCapture, info: IslandInfo, leaves: list, args: Any, where: str) -> None:
-    """Island outputs must be tensors (or None) of the capture's device, in fresh memory."""
+def _check_outputs(cap: IslandCapture, info: IslandInfo, leaves: list, args: Any, where: str,
+                   grad: bool) -> None:
+    """Island outputs must be tensors (or None) of the capture's device, in fresh memory, and
+    need no gradient (``grad``: grad mode was on)."""
     arg_storages = {p for x in tree_flatten(args)[0] if isinstance(x, _Tensor)
                     and (p := x.untyped_storage().data_ptr())}  # 0: no memory, nothing shared
     for i, x in enumerate(leaves):
@@ -246,6 +252,15 @@ def _check_outputs(cap: IslandCapture, info: IslandInfo, leaves: list, args: Any
                 f"(shape {tuple(x.shape)}, {x.dtype}) during a capture on {cap.device}: its static "
                 f"buffer lives in the graph's pool on {cap.device}. Return it on {cap.device} "
                 f"(.to({str(cap.device)!r}) inside the island)")
+        if grad and x.requires_grad:
+            raise CaptureError(
+                f"eager island {info} (called at {where}) returned output {i} (shape "
+                f"{tuple(x.shape)}, {x.dtype}) that requires grad, with grad mode on: gradients "
+                f"cannot flow through an island (the rest of the graph reads a static copy of "
+                f"its outputs, made outside autograd), so a backward would silently miss every "
+                f"parameter before it. Capture inference under torch.no_grad() or "
+                f"torch.inference_mode(), or detach() the output inside the island if no "
+                f"gradient should flow through it")
         if x.untyped_storage().data_ptr() in arg_storages or cap.pool.owns(x):
             raise CaptureError(
                 f"eager island {info} (called at {where}) returned output {i} (shape "
