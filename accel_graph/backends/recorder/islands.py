@@ -42,7 +42,7 @@ from .program import build_replay, materialize
 from .rng import HostCall
 from .steps import Step
 
-__all__ = ["IslandCall", "make_runner"]
+__all__ = ["IslandCall", "is_island_step", "make_runner"]
 
 _Tensor = torch.Tensor
 _WHY = ("eager island: runs eagerly at this point of each replay on the live values; its "
@@ -74,6 +74,12 @@ class IslandCapture(Protocol):
     def frozen_arg(self, x: Any) -> Any: ...
 
     def freeze(self, x: Any) -> Any: ...
+
+
+def is_island_step(step: Step) -> bool:
+    """Whether ``step`` is an eager island's host step (its effects are the island's own:
+    anything it writes is unknown to the program, unlike an aten op's schema)."""
+    return step.kind == "host" and isinstance(step.extra, IslandCall)
 
 
 def make_runner(cap: IslandCapture) -> Runner:
@@ -181,7 +187,9 @@ def _capture_island(cap: IslandCapture, info: IslandInfo, fn: Callable[..., Any]
         out = fn(*args, **kwargs)
     leaves, spec = pytree.tree_flatten(out)
     _check_outputs(cap, info, leaves, (args, kwargs), where, grad and not inference)
-    with _disable_current_modes(), torch.inference_mode():
+    # Not under inference mode: pool tensors made there would be inference tensors (the pool
+    # caches the tensors it makes views of), which compiled replay and users cannot write.
+    with _disable_current_modes(), torch.no_grad():
         buffers = []
         slots: list[int | None] = []
         for x in leaves:
@@ -210,9 +218,14 @@ def _run_piece(cap: IslandCapture) -> None:
     sees real values (the recording mode and every other mode off, as at replay)."""
     piece = cap.steps[cap.ran_to:]
     cap.ran_to = len(cap.steps)
-    with _disable_current_modes(), torch.inference_mode():
-        if any(s.kind not in ("view", "none") for s in piece):
-            build_replay(materialize(piece, cap.pool), [])()
+    if not any(s.kind not in ("view", "none") for s in piece):
+        return
+    with _disable_current_modes():
+        # Materialized outside inference mode (the pool caches the tensors it makes views of:
+        # inference tensors there could not be written outside it later); run as replay runs.
+        run = build_replay(materialize(piece, cap.pool), [])
+        with torch.inference_mode():
+            run()
 
 
 def _check_devices(cap: IslandCapture, info: IslandInfo, args: Any, where: str) -> None:
