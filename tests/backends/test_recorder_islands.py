@@ -403,3 +403,68 @@ def test_pool_memory_counts_buffers_not_island_temporaries() -> None:
         g.replay()
     assert g.memory_bytes() == mem
     assert torch.equal(out, big_temp(x * 2) * 3)
+
+
+# -- compiled replay: each piece an Inductor stretch, the island a host step between --------
+def test_compiled_pieces_equal_interpreted_with_a_kv_cache() -> None:
+    from accel_graph.foundation.tolerances import assert_close_for_dtype
+
+    torch.manual_seed(0)
+    model = Decoderish()
+    eager_island(model.moe)
+
+    @eager_island
+    def attend(k: torch.Tensor, pos: torch.Tensor, cache: torch.Tensor) -> torch.Tensor:
+        p = int(pos.item())
+        cache[p] = k[0]
+        return cache[: p + 1].mean(0, keepdim=True)
+
+    def step(x, pos, cache):
+        h = model(x)
+        return torch.sigmoid(attend(h, pos, cache) + h)
+
+    x, pos = torch.randn(6, 8), torch.tensor([0])
+    caches = {mode: torch.zeros(8, 8) for mode in ("interpreted", "compiled")}
+    with torch.no_grad():
+        gi, out_i = _capture(step, x, pos, caches["interpreted"])
+        gc, out_c = _capture(step, x, pos, caches["compiled"], compile="inductor")
+        for p in range(1, 5):
+            torch.manual_seed(p)
+            x.copy_(torch.randn(6, 8) * p)
+            pos.fill_(p)
+            ref_cache = caches["interpreted"].clone()
+            expect = step(x, pos, ref_cache)
+            gi.replay()
+            gc.replay()
+            assert torch.equal(out_i, expect) and torch.equal(caches["interpreted"], ref_cache)
+            assert_close_for_dtype(out_c, out_i)
+            assert_close_for_dtype(caches["compiled"], caches["interpreted"])
+    info = gc.compile_info()
+    assert "fallback" not in info, info
+    # Three pieces around two islands: each a compiled stretch, or interpreted where its
+    # outputs reuse the memory of an island output it reads (segmented.py's rule).
+    assert info["host_steps"] == 2 and info["stretches"] + len(info["interpreted_stretches"]) == 3
+
+
+def test_compiled_island_replay_error_is_no_compile_failure() -> None:
+    @eager_island
+    def head(t: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+        return t[: int(n.item())] * 2
+
+    after = torch.zeros(2)
+
+    def step(x, n):
+        y = head(torch.cos(x), n)
+        after.copy_(torch.sin(y))
+        return y
+
+    x, n = torch.randn(4), torch.tensor(2)
+    g, out = _capture(step, x, n, compile="inductor")
+    n.fill_(3)
+    with pytest.raises(ReplayError, match="head"):
+        g.replay()  # the compiled program's first run: the island's error is the caller's
+    assert torch.equal(after, torch.zeros(2))
+    n.fill_(2)
+    g.replay()
+    assert "fallback" not in g.compile_info()
+    torch.testing.assert_close(after, torch.sin(torch.cos(x)[:2] * 2))
