@@ -25,7 +25,7 @@ from typing import Any
 
 __all__ = [
     "MARK", "IslandInfo", "Runner", "capture_runner", "clear_runner", "describe_callable",
-    "refusal", "refused", "running", "running_island", "set_runner",
+    "enter_island", "leave_island", "refusal", "refused", "running", "running_island", "set_runner",
 ]
 
 #: The attribute naming an island: a wrapper function, or the ``forward`` of a marked module,
@@ -83,11 +83,22 @@ def running() -> bool:
 @contextmanager
 def running_island() -> Iterator[None]:
     """Mark the block as an island's eager run on this thread (nestable)."""
-    _tls.depth = getattr(_tls, "depth", 0) + 1
+    enter_island()
     try:
         yield
     finally:
-        _tls.depth -= 1
+        leave_island()
+
+
+def enter_island() -> None:
+    """An island starts running on this thread (pair with :func:`leave_island` in a
+    ``finally``; the two calls are what replay pays, cheaper than a context manager)."""
+    _tls.depth = getattr(_tls, "depth", 0) + 1
+
+
+def leave_island() -> None:
+    """The island that :func:`enter_island` announced is done."""
+    _tls.depth -= 1
 
 
 @contextmanager

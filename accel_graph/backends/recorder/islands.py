@@ -35,7 +35,14 @@ from torch.utils._python_dispatch import _disable_current_modes
 from ...errors import CaptureError, ReplayError
 from ..capture_common.dispatch_stack import lifted
 from ..capture_common.frames import user_frame
-from ..capture_common.islands import IslandInfo, Runner, refusal, running_island
+from ..capture_common.islands import (
+    IslandInfo,
+    Runner,
+    enter_island,
+    leave_island,
+    refusal,
+    running_island,
+)
 from ..capture_common.pytree import tree_flatten
 from . import ops as opinfo
 from .program import build_replay, materialize
@@ -126,13 +133,20 @@ class IslandCall:
         self._single = spec.is_leaf() and slots == (0,)
 
     def __call__(self, args: tuple, kwargs: dict, buffers: tuple) -> None:
-        with running_island():
+        enter_island()  # not a context manager: this is the per-replay cost of an island
+        try:
             if self.inference:
                 out = self.fn(*args, **kwargs)
             else:  # replay runs under inference mode; the island runs as it was captured
                 with torch.inference_mode(False), torch.set_grad_enabled(self.grad):
                     out = self.fn(*args, **kwargs)
+        finally:
+            leave_island()
         if self._single and out.__class__ is _Tensor:
+            buf = buffers[0]
+            if out.shape == buf.shape and out.dtype == buf.dtype and out.device == buf.device:
+                buf.copy_(out)
+                return
             leaves = [out]
         else:
             leaves, spec = pytree.tree_flatten(out)
