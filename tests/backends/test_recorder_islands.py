@@ -468,3 +468,50 @@ def test_compiled_island_replay_error_is_no_compile_failure() -> None:
     g.replay()
     assert "fallback" not in g.compile_info()
     torch.testing.assert_close(after, torch.sin(torch.cos(x)[:2] * 2))
+
+
+# -- the edges: capturing state seen inside an island, other threads, a capture that is over --
+def test_island_sees_no_capture_and_other_threads_run_plainly() -> None:
+    import threading
+
+    seen = []
+
+    @eager_island
+    def probe(t: torch.Tensor) -> torch.Tensor:
+        seen.append(ag.is_current_stream_capturing())
+        return t * 2
+
+    x = torch.ones(2)
+    results = []
+    g = ag.Graph(device="cpu")
+    with ag.graph(g):
+        assert ag.is_current_stream_capturing()
+        y = probe(x + 1)
+        worker = threading.Thread(target=lambda: results.append(probe(x)))
+        worker.start()
+        worker.join()
+        assert ag.is_current_stream_capturing()
+    assert seen == [False, False]  # in the island at capture, and on the other thread
+    assert torch.equal(results[0], x * 2)  # the other thread called it plainly
+    g.replay()
+    assert seen == [False, False, False] and torch.equal(y, (x + 1) * 2)
+
+
+def test_island_after_an_invalidated_capture_is_a_plain_call() -> None:
+    calls = []
+
+    @eager_island
+    def count(t: torch.Tensor) -> torch.Tensor:
+        calls.append(1)
+        return t + 1
+
+    g = ag.Graph(device="cpu")
+    g.capture_begin()
+    x = torch.ones(3)
+    with pytest.raises(CaptureError):
+        (x * 2).sum().item()
+    out = count(x)  # the capture is over: real values, nothing recorded
+    assert torch.equal(out, x + 1) and calls == [1]
+    with pytest.raises(CaptureError, match="invalidated"):
+        g.capture_end()
+    assert islands.capture_runner() is None
