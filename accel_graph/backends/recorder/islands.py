@@ -70,6 +70,8 @@ class IslandCapture(Protocol):
     top_steps: list[Step]
     #: How many of ``top_steps`` have run (at the islands so far).
     ran_to: int
+    #: Static output buffers held until the capture stops (no reuse of their memory in it).
+    island_buffers: list[torch.Tensor]
 
     def invalidate(self, func: Any, exc: BaseException) -> None: ...
 
@@ -215,6 +217,7 @@ def _capture_island(cap: IslandCapture, info: IslandInfo, fn: Callable[..., Any]
             buf.copy_(x)
             slots.append(len(buffers))
             buffers.append(buf)
+    cap.island_buffers.extend(buffers)
     call = IslandCall(info, fn, spec, tuple(slots), grad, inference, where)
     fargs = cap.frozen_arg(args)
     fkwargs = cap.frozen_arg(kwargs)
