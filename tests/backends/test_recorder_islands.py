@@ -518,3 +518,21 @@ def test_island_after_an_invalidated_capture_is_a_plain_call() -> None:
     with pytest.raises(CaptureError, match="invalidated"):
         g.capture_end()
     assert islands.capture_runner() is None
+
+
+def test_check_capturable_lets_islands_through() -> None:
+    """check_capturable runs an island as a capture would (eagerly): its host reads and
+    data-dependent ops are no findings, and nothing inside it counts as baked."""
+    torch.manual_seed(0)
+    model = Decoderish()
+    x = torch.randn(6, 8)
+    assert not ag.check_capturable(model, x)  # the router alone: refused ops
+    eager_island(model.moe)
+    report = ag.check_capturable(model, x)
+    assert report.ok, report.format()
+    assert islands.capture_runner() is None  # nothing left installed
+
+    def outside(t: torch.Tensor) -> torch.Tensor:
+        return model(t)[t > 0]  # still flagged outside the island
+
+    assert not ag.check_capturable(outside, x)
