@@ -536,3 +536,49 @@ def test_check_capturable_lets_islands_through() -> None:
         return model(t)[t > 0]  # still flagged outside the island
 
     assert not ag.check_capturable(outside, x)
+
+
+def test_piece_before_an_island_runs_at_capture_as_a_warm_up() -> None:
+    """Documented semantics: the piece before an island runs once at capture, so its random
+    draws (and in-place writes) happen then; the piece after the last island does not run."""
+    seen = []
+
+    @eager_island
+    def look(t: torch.Tensor) -> torch.Tensor:
+        seen.append(t.clone())  # real values at capture
+        return t * 1.5
+
+    acc = torch.zeros(3)
+    torch.manual_seed(3)
+    draws = torch.rand(3)
+    torch.manual_seed(3)
+    g = ag.Graph(device="cpu")
+    with ag.graph(g):
+        r = torch.rand(3)
+        acc.add_(1)  # a write before the island: happens at capture
+        y = look(r + acc)
+        acc.add_(10)  # after the last island: not run at capture
+    assert torch.equal(seen[0], draws + 1) and torch.equal(acc, torch.ones(3))
+    assert not torch.equal(torch.rand(3), draws)  # the capture consumed the piece's draws
+    g.replay()
+    assert torch.equal(acc, torch.full((3,), 12.0)) and torch.equal(y, seen[1] * 1.5)
+
+
+def test_an_island_raising_at_replay_leaves_the_graph_usable() -> None:
+    state = {"fail": False}
+
+    @eager_island
+    def maybe(t: torch.Tensor) -> torch.Tensor:
+        if state["fail"]:
+            raise ValueError("router broke")
+        return t + 1
+
+    x = torch.ones(2)
+    g, out = _capture(lambda t: maybe(t * 2) * 3, x)
+    state["fail"] = True
+    with pytest.raises(ValueError, match="router broke"):
+        g.replay()
+    assert not islands.running()
+    state["fail"] = False
+    g.replay()
+    assert torch.equal(out, (x * 2 + 1) * 3)
