@@ -153,20 +153,20 @@ class IslandCall:
         else:
             leaves, spec = pytree.tree_flatten(out)
             if spec != self.spec:
-                raise ReplayError(
+                raise _island_error(
                     f"eager island {self.info} returned {_structure(out)} at replay; at capture "
                     f"(called at {self.where}) it returned {self.spec}, which fixed the static "
                     f"outputs the rest of the graph reads. {_REPLAY_FIX}")
         for i, (slot, x) in enumerate(zip(self.slots, leaves)):
             if slot is None:
                 if x is not None:
-                    raise ReplayError(
+                    raise _island_error(
                         f"eager island {self.info} returned {_value(x)} as output {i} at replay, "
                         f"where it returned None at capture (called at {self.where}). {_REPLAY_FIX}")
                 continue
             buf = buffers[slot]
             if not isinstance(x, _Tensor) or x.shape != buf.shape or x.dtype != buf.dtype or x.device != buf.device:
-                raise ReplayError(
+                raise _island_error(
                     f"eager island {self.info} returned {_value(x)} as output {i} at replay; at "
                     f"capture (called at {self.where}) it returned a tensor of shape "
                     f"{tuple(buf.shape)}, dtype {buf.dtype} on {buf.device}, which fixed the "
@@ -174,6 +174,14 @@ class IslandCall:
         for slot, x in zip(self.slots, leaves):
             if slot is not None:
                 buffers[slot].copy_(x)
+
+
+def _island_error(message: str) -> ReplayError:
+    """A :class:`ReplayError` of an island's outputs; its ``island`` attribute tells
+    :mod:`.compiled.first_run` that the caller's island failed, not the compiled program."""
+    err = ReplayError(message)
+    err.island = True  # type: ignore[attr-defined]
+    return err
 
 
 _REPLAY_FIX = ("Nothing after the island ran in this replay and the graph is unchanged: make "

@@ -18,9 +18,9 @@ and records the reason in ``compile_info()``) and the interpreted program runs t
 After a successful first run the compiled program replays directly (one attribute read more
 than calling it). A program with collectives cannot be undone (the other ranks matched what
 already ran), nor one with eager islands (an island writes what it likes): its failure falls
-back for later replays and raises :class:`ReplayError` for this one. A :class:`ReplayError`
-raised by the run itself (an island's outputs, a collective) is the caller's, not a compile
-failure: it propagates and the next replay's run is checked again.
+back for later replays and raises :class:`ReplayError` for this one. The :class:`ReplayError`
+of an island whose outputs do not match is the caller's, not a compile failure: it propagates
+and the next replay's run is checked again.
 The saved copies live only during the first run.
 """
 
@@ -163,11 +163,11 @@ class FirstRun:
         restore = self._plan.save(self._pool) if self._plan is not None else None
         try:
             self._run()
-        except ReplayError:
-            # The replay's own error (an eager island's outputs, a collective), not a compile
-            # failure: the caller's to handle; the next replay is a checked first run again.
-            raise
         except Exception as exc:
+            if isinstance(exc, ReplayError) and getattr(exc, "island", False):
+                # An eager island's outputs did not match (islands.py): the caller's error,
+                # not a compile failure; the next replay is a checked first run again.
+                raise
             if restore is not None:
                 restore()
             fallback = self._on_failure(exc, restore is not None)
