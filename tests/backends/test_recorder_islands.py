@@ -171,6 +171,9 @@ def test_two_islands_and_nested_island(tmp_path) -> None:
     hosts = [op["op"] for op in desc["ops"] if op["kind"] == "host"]
     assert len(hosts) == 2  # the nested island is no step of its own
     assert "outer" in hosts[0] and "second" in hosts[1]
+    names = [(i["name"].rsplit(".", 1)[-1], len(i["outputs"])) for i in desc["islands"]]
+    assert names == [("outer", 1), ("second", 2)]
+    assert all("test_recorder_islands.py:" in i["called_at"] for i in desc["islands"])
     assert "eager_island" in (tmp_path / "g.dot").read_text()
 
 
