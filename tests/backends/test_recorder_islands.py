@@ -585,3 +585,34 @@ def test_an_island_raising_at_replay_leaves_the_graph_usable() -> None:
     state["fail"] = False
     g.replay()
     assert torch.equal(out, (x * 2 + 1) * 3)
+
+
+@pytest.mark.parametrize("options", [{"replay": "auto"}, {"freeze": True}])
+def test_compiled_island_with_replay_auto_or_freeze(options: dict) -> None:
+    """``replay="auto"`` never times a program with islands at instantiation (a host step is
+    observable) and decides on real replays; ``freeze`` never freezes a parameter an island is
+    given (it may write it)."""
+    lin = nn.Linear(4, 4)
+    scale = nn.Parameter(torch.ones(4), requires_grad=False)
+
+    @eager_island
+    def bump(t: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        s.add_(1)  # the island writes a parameter in place
+        return t * s
+
+    def step(x):
+        return lin(bump(torch.relu(lin(x)), scale)) + scale  # a stretch reads it after the island
+
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        g = ag.Graph(device="cpu", compile="inductor", compile_options=options)
+        with ag.graph(g):
+            out = step(x)
+        for _ in range(6):
+            x.copy_(torch.randn(2, 4))
+            before = scale.clone()
+            g.replay()
+            ref_scale = before + 1
+            assert torch.equal(scale, ref_scale)
+            torch.testing.assert_close(out, lin(torch.relu(lin(x)) * ref_scale) + ref_scale)
+    assert "fallback" not in g.compile_info(), g.compile_info()
