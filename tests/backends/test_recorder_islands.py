@@ -616,3 +616,22 @@ def test_compiled_island_with_replay_auto_or_freeze(options: dict) -> None:
             assert torch.equal(scale, ref_scale)
             torch.testing.assert_close(out, lin(torch.relu(lin(x)) * ref_scale) + ref_scale)
     assert "fallback" not in g.compile_info(), g.compile_info()
+
+
+@pytest.mark.parametrize("mode", ["grad", "no_grad", "inference"])
+def test_island_replays_under_its_capture_grad_mode(mode: str) -> None:
+    seen = []
+
+    @eager_island
+    def probe(t: torch.Tensor) -> torch.Tensor:
+        seen.append((torch.is_grad_enabled(), torch.is_inference_mode_enabled()))
+        return t + 1
+
+    ctx = {"grad": torch.enable_grad, "no_grad": torch.no_grad, "inference": torch.inference_mode}[mode]
+    with ctx():
+        g, out = _capture(lambda t: probe(t * 2), torch.ones(2))
+        captured = seen[-1]
+    g.replay()
+    assert seen[-1] == captured and torch.is_grad_enabled()  # replay restored the caller's
+    assert captured == {"grad": (True, False), "no_grad": (False, False),
+                        "inference": (False, True)}[mode]
