@@ -635,3 +635,23 @@ def test_island_replays_under_its_capture_grad_mode(mode: str) -> None:
     assert seen[-1] == captured and torch.is_grad_enabled()  # replay restored the caller's
     assert captured == {"grad": (True, False), "no_grad": (False, False),
                         "inference": (False, True)}[mode]
+
+
+def test_island_captured_under_autocast_replays_under_it() -> None:
+    w = torch.randn(8, 8)
+
+    @eager_island
+    def mix(t: torch.Tensor) -> torch.Tensor:
+        return (t @ w).relu()  # bf16 under autocast, float32 without
+
+    x = torch.randn(4, 8)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        expect = mix(x * 2)
+        g, out = _capture(lambda t: mix(t * 2), x)
+    assert out.dtype == torch.bfloat16
+    for _ in range(3):
+        x.copy_(torch.randn(4, 8))
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            expect = mix(x * 2)
+        g.replay()  # outside autocast: the island still runs under the captured one
+        assert torch.equal(out, expect)

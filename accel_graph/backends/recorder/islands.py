@@ -13,7 +13,8 @@ An island ends the piece recorded so far. At capture, inside the capturing threa
    the island returned; capture goes on with them standing for the outputs;
 4. a host step (:class:`IslandCall`) is recorded: at each replay it calls the island with the
    live values (pool tensors and tensors captured by reference, as they are at that point of
-   the program), checks its outputs against the buffers and copies them in.
+   the program), under the grad, inference and autocast modes of the capture, checks its
+   outputs against the buffers and copies them in.
 
 At replay a host step is a Python call between kernels, so interpreted replay runs piece,
 island, piece, ... in order; compiled replay compiles each stretch between host steps
@@ -120,12 +121,16 @@ class IslandCall:
     checks its outputs against ``buffers`` (the static pool tensors, one per tensor output) and
     copies them in; :class:`ReplayError` (nothing copied) if they do not match."""
 
-    __slots__ = ("info", "fn", "spec", "slots", "grad", "inference", "where", "_single")
+    __slots__ = ("info", "fn", "spec", "slots", "grad", "inference", "where", "autocast", "_single")
 
     def __init__(self, info: IslandInfo, fn: Callable[..., Any], spec: Any,
-                 slots: tuple[int | None, ...], grad: bool, inference: bool, where: str) -> None:
+                 slots: tuple[int | None, ...], grad: bool, inference: bool, where: str,
+                 autocast: tuple[str, torch.dtype] | None = None) -> None:
         self.info = info
-        self.fn = fn
+        #: The island itself; under autocast at capture, wrapped to run under it at replay
+        #: too (replay runs no autocast, which works above the dispatcher).
+        self.fn = fn if autocast is None else _under_autocast(fn, *autocast)
+        self.autocast = autocast
         #: The output's pytree spec; ``slots[i]``: which buffer leaf i fills (None: a None leaf).
         self.spec = spec
         self.slots = slots
@@ -181,6 +186,21 @@ class IslandCall:
                 buffers[slot].copy_(x)
 
 
+def _under_autocast(fn: Callable[..., Any], device_type: str, dtype: torch.dtype) -> Callable[..., Any]:
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with torch.autocast(device_type, dtype=dtype):
+            return fn(*args, **kwargs)
+
+    return run
+
+
+def _autocast_state(device_type: str) -> tuple[str, torch.dtype] | None:
+    """The autocast the capture runs under on ``device_type`` (None: off)."""
+    if not torch.is_autocast_enabled(device_type):
+        return None
+    return device_type, torch.get_autocast_dtype(device_type)
+
+
 def _island_error(message: str) -> ReplayError:
     """A :class:`ReplayError` of an island's outputs; its ``island`` attribute tells
     :mod:`.compiled.first_run` that the caller's island failed, not the compiled program."""
@@ -212,6 +232,7 @@ def _capture_island(cap: IslandCapture, info: IslandInfo, fn: Callable[..., Any]
     cap.sync_flags()  # settings changed since the last op belong to the piece before the island
     _run_piece(cap)
     grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
+    autocast = _autocast_state(cap.device.type)
     with lifted(cap.mode), running_island():
         out = fn(*args, **kwargs)
     leaves, spec = pytree.tree_flatten(out)
@@ -231,7 +252,7 @@ def _capture_island(cap: IslandCapture, info: IslandInfo, fn: Callable[..., Any]
             slots.append(len(buffers))
             buffers.append(buf)
     cap.island_buffers.extend(buffers)
-    call = IslandCall(info, fn, spec, tuple(slots), grad, inference, where)
+    call = IslandCall(info, fn, spec, tuple(slots), grad, inference, where, autocast)
     fargs = cap.frozen_arg(args)
     fkwargs = cap.frozen_arg(kwargs)
     out_refs = tuple([cap.freeze(b) for b in buffers])
