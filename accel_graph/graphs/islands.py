@@ -94,6 +94,12 @@ class _IslandForward:
         fn = self.inner if self.inner is not None else type(self.module).forward
         return describe_callable(fn, f"{type(self.module).__qualname__}.forward")
 
+    @property
+    def __wrapped__(self) -> Callable[..., Any]:
+        """The forward it runs: ``inspect.signature(module.forward)`` shows its parameters
+        (model code inspects forward signatures)."""
+        return self._target()
+
     def _target(self) -> Callable[..., Any]:
         if self.inner is not None:
             return self.inner
@@ -110,7 +116,7 @@ class _IslandForward:
             raise AttributeError(name)
         if name == MARK:
             return self.info
-        return getattr(self._target(), name)  # __name__, __doc__, __wrapped__ of the forward
+        return getattr(self._target(), name)  # __name__, __doc__, ... of the forward
 
     def __getstate__(self) -> tuple[Any, Any]:
         return self.module, self.inner

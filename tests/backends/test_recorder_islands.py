@@ -253,6 +253,10 @@ def test_outside_capture_plain_call_and_marking() -> None:
     assert torch.equal(twin(x), torch.zeros(2, 3)) and torch.equal(lin(x), expect)
     back = pickle.loads(pickle.dumps(lin))
     assert torch.equal(back(x), expect)
+    import inspect
+
+    assert inspect.signature(lin.forward) == inspect.signature(nn.Linear(1, 1).forward)
+    assert lin.forward.__name__ == "forward"
 
 
 # -- bad input -----------------------------------------------------------------------------------
