@@ -21,6 +21,7 @@ import torch
 from torch._ops import HigherOrderOperator
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ..backends.capture_common import islands
 from ..backends.capture_common.control_flow import undo_dynamo_skip
 from ..backends.capture_common.frames import user_frame
 from ..errors import ConfigError
@@ -118,6 +119,8 @@ class OpLog(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: D401
         kwargs = kwargs or {}
+        if islands.running():  # an eager island runs anew at every replay: nothing is baked
+            return func(*args, **kwargs)
         if isinstance(func, HigherOrderOperator):
             self.ops.append((func.name(), (), user_frame()))
             return func(*args, **kwargs)  # this mode is off here: modes below it still see it

@@ -36,7 +36,7 @@ from torch._ops import HigherOrderOperator
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
-from ..backends.capture_common import hostreads
+from ..backends.capture_common import hostreads, islands
 from ..backends.capture_common.control_flow import SUPPORTED, undo_dynamo_skip
 from ..backends.capture_common.frames import user_frame
 from ..backends.capture_common.illegal_ops import illegal_reason
@@ -155,6 +155,8 @@ class _DispatchFlagger(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: D401
         kwargs = kwargs or {}
+        if islands.running():  # an eager island's own work: legal in a capture
+            return func(*args, **kwargs)
         if isinstance(func, HigherOrderOperator):
             return self._higher_order(func, args, kwargs)
         self.report.ops_seen += 1
@@ -254,7 +256,7 @@ class _FunctionFlagger(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: D401
         kwargs = kwargs or {}
-        reason = self._reason(func, args, kwargs)
+        reason = None if islands.running() else self._reason(func, args, kwargs)
         if reason is not None:
             name = getattr(func, "__qualname__", None) or getattr(func, "__name__", str(func))
             self.report.findings.append(Finding(name, reason, user_frame(), level="python"))
@@ -345,12 +347,14 @@ def check_capturable(fn: Callable[..., Any], *args: Any, target: str | torch.dev
         raise ConfigError("advance= is run between steps: pass steps=2 (or more) with it")
     report = CapturabilityReport(target=None if target is None else str(target))
     log = OpLog() if steps >= 2 else contextlib.nullcontext()
-    with torch.no_grad(), _host_reads(report, tgt), _FunctionFlagger(report, tgt), \
-            _DispatchFlagger(report, tgt), log:
+    # Eager islands (accel_graph.eager_island) run unchecked: a capture runs them eagerly.
+    with islands.eager_runs(), torch.no_grad(), _host_reads(report, tgt), \
+            _FunctionFlagger(report, tgt), _DispatchFlagger(report, tgt), log:
         report.result = fn(*args, **kwargs)
     if isinstance(log, OpLog):
-        found, report.result = find_baked_values(fn, args, kwargs, steps=steps, advance=advance,
-                                                 first=(log.ops, report.result))
+        with islands.eager_runs():
+            found, report.result = find_baked_values(fn, args, kwargs, steps=steps,
+                                                     advance=advance, first=(log.ops, report.result))
         report.findings += [Finding(f.op if isinstance(f, BakedValue) else f.later, f.reason,
                                     f.location, level="baked") for f in found]
     return report

@@ -1,7 +1,8 @@
 """``debug_dump`` for recorder graphs: DOT at ``path`` and JSON at ``path + ".json"``.
 
 Works without ``enable_debug_mode()``: the recorder always knows its program. The JSON lists
-ops, inputs, outputs, which ops allocate at replay and why, and the pool's bytes.
+ops, inputs, outputs, which ops allocate at replay and why, the eager islands (``islands``:
+step index, name, definition line, calling line, static outputs) and the pool's bytes.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 import torch
 
 from ..capture_common.pytree import tree_flatten
+from .islands import is_island_step
 from .pool_protocol import ADDRESS, PoolRef
 from .program import allocates_at_replay
 from .steps import InputRecord, Step
@@ -51,8 +53,13 @@ def describe(steps: list[Step], inputs: list[InputRecord], outputs: list[PoolRef
             "allocates_at_replay": allocates_at_replay(s),
             "why": s.strategy.why if s.strategy else "in-place or out= op replayed as called",
         })
+    # Eager islands (islands.py): host steps that split the program into pieces.
+    isl = [{"index": n, "name": s.extra.info.name, "source": s.extra.info.source,
+            "called_at": s.extra.where, "outputs": [_ref_name(o) for o in s.outputs]}
+           for n, s in enumerate(steps) if is_island_step(s)]
     return {
         "schema_version": SCHEMA_VERSION,
+        "islands": isl,
         "backend": "recorder",
         "num_ops": len(steps),
         "inputs": [

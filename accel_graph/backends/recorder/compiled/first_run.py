@@ -17,7 +17,10 @@ from); after a failure those are put back, the owner is told (it switches to int
 and records the reason in ``compile_info()``) and the interpreted program runs this replay.
 After a successful first run the compiled program replays directly (one attribute read more
 than calling it). A program with collectives cannot be undone (the other ranks matched what
-already ran): its failure falls back for later replays and raises :class:`ReplayError` for this one.
+already ran), nor one with eager islands (an island writes what it likes): its failure falls
+back for later replays and raises :class:`ReplayError` for this one. The :class:`ReplayError`
+of an island whose outputs do not match is the caller's, not a compile failure: it propagates
+and the next replay's run is checked again.
 The saved copies live only during the first run.
 """
 
@@ -30,6 +33,7 @@ import torch
 
 from ....errors import ReplayError
 from ...capture_common.pytree import tree_flatten
+from ..islands import is_island_step
 from ..pool_protocol import GraphPool, PoolRef
 from ..program import CONTROL_KINDS
 from ..steps import Step
@@ -116,6 +120,8 @@ def undo_plan(steps: list[Step], device_type: str, index: int | None = None) -> 
             return all(visit(s) for sub in step.extra[1:] for s in sub)
         for x in tree_flatten((step.args, step.kwargs, step.extra))[0]:
             read(x)
+        if is_island_step(step):
+            return False  # an eager island writes what it likes (closures, module state)
         if step.kind == "host":  # generator state: the call's arguments name the generators
             draws = True
             for x in tree_flatten(getattr(step.func, "args", ()))[0]:
@@ -158,15 +164,19 @@ class FirstRun:
         try:
             self._run()
         except Exception as exc:
+            if isinstance(exc, ReplayError) and getattr(exc, "island", False):
+                # An eager island's outputs did not match (islands.py): the caller's error,
+                # not a compile failure; the next replay is a checked first run again.
+                raise
             if restore is not None:
                 restore()
             fallback = self._on_failure(exc, restore is not None)
             self.fn = fallback
             if restore is None:
                 raise ReplayError(
-                    "the compiled program failed at its first run and runs collectives, which "
-                    "may have partly run on this rank, so this replay was not repeated "
-                    "interpreted; later replays run the interpreted program") from exc
+                    "the compiled program failed at its first run and runs collectives or eager "
+                    "islands, which may have partly run (on this rank), so this replay was not "
+                    "repeated interpreted; later replays run the interpreted program") from exc
             fallback()
             return
         self.fn = self._run
