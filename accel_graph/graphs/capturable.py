@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import torch
@@ -44,6 +44,7 @@ from ..backends.capture_common.pytree import tree_flatten
 from ..backends.native.control_flow_support import python_level_refusal
 from ..errors import ConfigError
 from .baked_values import BakedValue, OpLog, find_baked_values
+from .island_hints import ModuleCall, ModuleStack, island_advice, module_roots
 
 __all__ = ["CapturabilityReport", "Finding", "check_capturable"]
 
@@ -78,6 +79,10 @@ class Finding:
     #: ``"dispatch"`` (an aten op), ``"python"`` (a torch API call the dispatcher misses) or
     #: ``"baked"`` (a host value a graph would freeze; ``check_capturable(steps=2)``).
     level: str = "dispatch"
+    #: The smallest enclosing ``nn.Module`` to mark as an eager island, or None (issued outside
+    #: every module): ``{"path", "class", "root", "submodule", "within"}``
+    #: (:meth:`accel_graph.graphs.island_hints.ModuleStack.resolve`).
+    island: dict[str, Any] | None = field(default=None, compare=False)
 
     def __str__(self) -> str:
         return f"{self.location}: {self.op}: {self.reason}"
@@ -91,6 +96,22 @@ class CapturabilityReport:
     target: str | None = None
     ops_seen: int = 0
     result: Any = field(default=None, repr=False)
+    #: While the function runs: the module calls underway at each finding, by finding.
+    _stack: ModuleStack | None = field(default=None, repr=False, compare=False)
+    _calls: list[tuple[ModuleCall, ...]] = field(default_factory=list, repr=False, compare=False)
+
+    def _found(self, finding: Finding) -> None:
+        """Add a finding made while the function runs, with the module calls underway."""
+        self.findings.append(finding)
+        self._calls.append(self._stack.snapshot() if self._stack is not None else ())
+
+    def _name_islands(self) -> None:
+        """Once the function has returned: each finding's island (its calls' outputs known)."""
+        stack, self._stack = self._stack, None
+        if stack is not None:
+            self.findings = [replace(f, island=stack.resolve(calls))
+                             for f, calls in zip(self.findings, self._calls)]
+        self._calls = []
 
     @property
     def ok(self) -> bool:
@@ -120,6 +141,7 @@ class CapturabilityReport:
         lines = [_summary(self.findings) + f" ({len(uniq)} distinct)"
                  + (f" for target {self.target}" if self.target else "") + ":"]
         lines += [f"  {f}" for f in uniq]
+        lines += island_advice([f.island for f in self.findings if f.level != "baked"])
         return "\n".join(lines)
 
     def as_dict(self) -> dict[str, Any]:
@@ -162,7 +184,7 @@ class _DispatchFlagger(TorchDispatchMode):
         if reason is None and self.target is not None:
             reason = _host_mix(func, args, kwargs, self.target)
         if reason is not None:
-            self.report.findings.append(Finding(str(func), reason, user_frame()))
+            self.report._found(Finding(str(func), reason, user_frame()))
         return func(*args, **kwargs)  # keep going: the point is to find every one
 
 
@@ -178,7 +200,7 @@ class _DispatchFlagger(TorchDispatchMode):
         name = func.name()
         native = None if self.target is None else python_level_refusal(name, self.target)
         if native is not None and name in SUPPORTED:  # the recorder takes it; the target's graphs not
-            self.report.findings.append(Finding(name, native, user_frame()))
+            self.report._found(Finding(name, native, user_frame()))
         if name == "cond":
             pred, true_fn, false_fn, operands = args
             taken = true_fn if _host_bool(pred) else false_fn
@@ -203,13 +225,13 @@ class _DispatchFlagger(TorchDispatchMode):
                     return branches[k](*operands)
             # Out of range: eager's operator raises (torch's switch() clamps first), as does
             # this call below, and a replay would raise ReplayError.
-            self.report.findings.append(Finding(name, (
+            self.report._found(Finding(name, (
                 f"switch index {k} is out of range for {len(branches)} branches: the operator "
                 f"raises in eager and replay raises ReplayError; call torch's switch(), which "
                 f"clamps the index"), user_frame()))
             with _disable_current_modes():
                 return func(*args, **kwargs)
-        self.report.findings.append(Finding(
+        self.report._found(Finding(
             name, f"higher-order operator {name} is not supported during graph capture (the "
             f"recorder captures {', '.join(SUPPORTED)})", user_frame()))
         with _disable_current_modes():
@@ -257,7 +279,7 @@ class _FunctionFlagger(TorchFunctionMode):
         reason = self._reason(func, args, kwargs)
         if reason is not None:
             name = getattr(func, "__qualname__", None) or getattr(func, "__name__", str(func))
-            self.report.findings.append(Finding(name, reason, user_frame(), level="python"))
+            self.report._found(Finding(name, reason, user_frame(), level="python"))
         return func(*args, **kwargs)
 
     def _reason(self, func: Any, args: tuple, kwargs: dict) -> str | None:
@@ -290,7 +312,7 @@ def _host_reads(report: CapturabilityReport, target: str | None) -> Iterator[Non
     reasons = {what: _HOST_READS[name] for name, what in hostreads.HOST_READS.items()}
 
     def found(what: str, exc: BaseException) -> None:
-        report.findings.append(Finding(what, reasons[what], user_frame(), level="python"))
+        report._found(Finding(what, reasons[what], user_frame(), level="python"))
 
     hostreads.acquire()
     token = hostreads.watch(target, lambda: True, found, raise_=False)
@@ -344,10 +366,12 @@ def check_capturable(fn: Callable[..., Any], *args: Any, target: str | torch.dev
     if steps == 1 and advance is not None:
         raise ConfigError("advance= is run between steps: pass steps=2 (or more) with it")
     report = CapturabilityReport(target=None if target is None else str(target))
+    report._stack = ModuleStack(module_roots(fn, args, kwargs))
     log = OpLog() if steps >= 2 else contextlib.nullcontext()
-    with torch.no_grad(), _host_reads(report, tgt), _FunctionFlagger(report, tgt), \
+    with report._stack, torch.no_grad(), _host_reads(report, tgt), _FunctionFlagger(report, tgt), \
             _DispatchFlagger(report, tgt), log:
         report.result = fn(*args, **kwargs)
+    report._name_islands()
     if isinstance(log, OpLog):
         found, report.result = find_baked_values(fn, args, kwargs, steps=steps, advance=advance,
                                                  first=(log.ops, report.result))
