@@ -100,10 +100,13 @@ class CapturabilityReport:
     _stack: ModuleStack | None = field(default=None, repr=False, compare=False)
     _calls: list[tuple[ModuleCall, ...]] = field(default_factory=list, repr=False, compare=False)
 
-    def _found(self, finding: Finding) -> None:
-        """Add a finding made while the function runs, with the module calls underway."""
+    def _found(self, finding: Finding, calls: tuple[ModuleCall, ...] | None = None) -> None:
+        """Add a finding made while the function runs, with the module calls underway (or
+        ``calls``, those logged with a baked value's op)."""
         self.findings.append(finding)
-        self._calls.append(self._stack.snapshot() if self._stack is not None else ())
+        if calls is None:
+            calls = self._stack.snapshot() if self._stack is not None else ()
+        self._calls.append(calls)
 
     def _name_islands(self) -> None:
         """Once the function has returned: each finding's island (its calls' outputs known)."""
@@ -141,7 +144,7 @@ class CapturabilityReport:
         lines = [_summary(self.findings) + f" ({len(uniq)} distinct)"
                  + (f" for target {self.target}" if self.target else "") + ":"]
         lines += [f"  {f}" for f in uniq]
-        lines += island_advice([f.island for f in self.findings if f.level != "baked"])
+        lines += island_advice([f.island for f in self.findings])
         return "\n".join(lines)
 
     def as_dict(self) -> dict[str, Any]:
@@ -366,15 +369,18 @@ def check_capturable(fn: Callable[..., Any], *args: Any, target: str | torch.dev
     if steps == 1 and advance is not None:
         raise ConfigError("advance= is run between steps: pass steps=2 (or more) with it")
     report = CapturabilityReport(target=None if target is None else str(target))
-    report._stack = ModuleStack(module_roots(fn, args, kwargs))
-    log = OpLog() if steps >= 2 else contextlib.nullcontext()
-    with report._stack, torch.no_grad(), _host_reads(report, tgt), _FunctionFlagger(report, tgt), \
-            _DispatchFlagger(report, tgt), log:
-        report.result = fn(*args, **kwargs)
+    stack = report._stack = ModuleStack(module_roots(fn, args, kwargs))
+    log = OpLog(stack.snapshot) if steps >= 2 else contextlib.nullcontext()
+    with stack:  # the module calls underway, for every run: each finding names its island
+        with torch.no_grad(), _host_reads(report, tgt), _FunctionFlagger(report, tgt), \
+                _DispatchFlagger(report, tgt), log:
+            report.result = fn(*args, **kwargs)
+        if isinstance(log, OpLog):
+            found, report.result = find_baked_values(
+                fn, args, kwargs, steps=steps, advance=advance, first=(log.ops, report.result),
+                context=stack.snapshot)
+            for f in found:
+                report._found(Finding(f.op if isinstance(f, BakedValue) else f.later, f.reason,
+                                      f.location, level="baked"), f.context)
     report._name_islands()
-    if isinstance(log, OpLog):
-        found, report.result = find_baked_values(fn, args, kwargs, steps=steps, advance=advance,
-                                                 first=(log.ops, report.result))
-        report.findings += [Finding(f.op if isinstance(f, BakedValue) else f.later, f.reason,
-                                    f.location, level="baked") for f in found]
     return report
