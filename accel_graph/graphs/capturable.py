@@ -18,6 +18,9 @@ capture would refuse, each with the Python source line that issued it:
   capture them into that target's native graphs in any build (``while_loop`` on CUDA before
   torch's while-node capture, both on XPU); the recorder captures them everywhere.
 
+Each finding also names the smallest enclosing ``nn.Module`` to mark as an eager island
+(``Finding.island``; :mod:`accel_graph.graphs.island_hints`), by class and attribute path.
+
 Nothing is captured and no pool is touched; the function runs as it would eagerly. The rules
 are the recorder's, stated in ``backends/capture_common/`` (importing this module loads them, not
 the recorder backend); ``import accel_graph`` loads neither, because the package face imports
