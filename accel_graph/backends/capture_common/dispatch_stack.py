@@ -9,12 +9,14 @@ thread next calls the backend.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["mode_stack", "remove_mode"]
+__all__ = ["lifted", "mode_stack", "remove_mode"]
 
 
 def mode_stack() -> list[Any]:
@@ -44,3 +46,33 @@ def remove_mode(mode: TorchDispatchMode) -> None:
         above.append(top)
     for m in reversed(above):
         torch._C._push_on_torch_dispatch_stack(m)
+
+
+@contextmanager
+def lifted(mode: TorchDispatchMode) -> Iterator[None]:
+    """Run the block with ``mode`` off this thread's dispatch stack (modes above it stay, in
+    order), and put it back where it was afterwards, whatever the block raised. The mode is
+    neither exited nor entered: its own state is untouched (an eager island runs this way
+    inside a capture). A no-op if ``mode`` is not on the stack."""
+    stack = mode_stack()
+    if mode not in stack:
+        yield
+        return
+    depth = stack.index(mode)
+    above = []
+    while torch._C._len_torch_dispatch_stack() > depth:
+        top = torch._C._pop_torch_dispatch_stack(None)
+        if top is not mode:
+            above.append(top)
+    for m in reversed(above):
+        torch._C._push_on_torch_dispatch_stack(m)
+    try:
+        yield
+    finally:
+        # Modes the block left open above ours stay above it, as they would have in eager.
+        rest = []
+        while torch._C._len_torch_dispatch_stack() > depth:
+            rest.append(torch._C._pop_torch_dispatch_stack(None))
+        torch._C._push_on_torch_dispatch_stack(mode)
+        for m in reversed(rest):
+            torch._C._push_on_torch_dispatch_stack(m)

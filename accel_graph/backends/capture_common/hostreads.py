@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from ...errors import CaptureError
+from . import islands
 from .scoped_patch import ScopedPatch
 
 __all__ = ["HOST_READS", "acquire", "installed", "release", "watch", "unwatch"]
@@ -101,6 +102,8 @@ def _check(t: Any, name: str) -> None:
     w = getattr(_tls, "watched", None)
     if w is None or not isinstance(t, _Tensor) or not w.is_recording():
         return
+    if islands.running():
+        return  # an eager island reads real values: its reads are legal (accel_graph.eager_island)
     if w.device_type is not None and t.device.type != w.device_type:
         return  # host memory read while capturing on a device: legal, as on CUDA
     what = HOST_READS[name]

@@ -28,12 +28,13 @@ import torch
 from torch._ops import OpOverload
 
 from ..capture_common import hostreads
+from ..capture_common import islands as islands_common
 from ..capture_common.dispatch_stack import remove_mode
 from ..capture_common.frames import user_frame
 from ..capture_common.poison import poison
 from ..capture_common.pytree import first_tensor, tree_flatten, tree_map
 from . import collectives as coll
-from . import hostflags, rng
+from . import hostflags, islands, rng
 from . import ops as opinfo
 from .control_flow import register_rules
 from .modes import RecordingMode
@@ -75,6 +76,11 @@ class Capture:
         self.device = device
         self.poison = poison
         self.steps: list[Step] = []
+        #: The top-level step list (``steps`` is swapped for a cond branch's or loop body's own
+        #: while it records) and how many of its steps ran at eager islands (:mod:`.islands`).
+        self.top_steps = self.steps
+        self.ran_to = 0
+        self._island_runner: islands_common.Runner | None = None
         self.inputs: dict[int, InputRecord] = {}
         # Views of inputs created during capture map back to the input they view, so a stale
         # check watches the user's tensor and not our own view of it: id(view) -> (weak
@@ -116,14 +122,19 @@ class Capture:
         hold_exit_guard(self)
         self.rng.begin()
         hostreads.acquire()
+        self._island_runner = islands_common.set_runner(islands.make_runner(self))
         ref = weakref.ref(self)
         self._reads = hostreads.watch(
             self.device.type, lambda: (c := ref()) is not None and c.over is None,
             rng.weak_method(self, "_refused"))
 
     def _release_reads(self) -> None:
-        """Stop checking host reads (idempotent; from any thread: a read on the capturing
-        thread after an end from elsewhere sees ``over`` and passes)."""
+        """Stop checking host reads and running islands here (idempotent; from any thread: a
+        read or an island on the capturing thread after an end from elsewhere sees ``over``
+        and passes, or runs plainly)."""
+        runner, self._island_runner = self._island_runner, None
+        if runner is not None:
+            islands_common.clear_runner(runner)
         token, self._reads = self._reads, None
         if token is not None:
             hostreads.unwatch(token)

@@ -207,8 +207,9 @@ def _emit_call(em: _Emitter, step: Step) -> None:
     elif kind == "while":
         pred, cond_steps, body_steps = step.extra
         em.call(_run_while, (pred, build_replay(cond_steps, []), build_replay(body_steps, [])), {})
-    elif kind == "host":  # generator state (rng.HostCall): snapshot or restore
-        em.call(step.extra, step.args, {})
+    elif kind == "host":  # a Python call: generator state (rng.HostCall), an eager island
+        # An island's host step writes static outputs (islands.IslandCall): passed last.
+        em.call(step.extra, (*step.args, step.outputs) if step.outputs else step.args, {})
     elif kind == "collective":
         fn = collective_replay.replay_fn(step.func, step.args, step.kwargs, step.outputs,
                                          em.collectives,

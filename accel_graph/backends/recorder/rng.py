@@ -48,6 +48,7 @@ import torch
 from torch._ops import OpOverload
 
 from ...errors import CaptureError
+from ..capture_common import islands
 from ..capture_common.frames import user_frame
 from ..capture_common.scoped_patch import ScopedPatch
 from . import hostflags
@@ -262,7 +263,8 @@ def set_thread_recorder(rec: RngRecorder | None) -> None:
 
 def _active() -> RngRecorder | None:
     rec = getattr(_tls, "rec", None)
-    return None if rec is None or rec.over else rec
+    # An eager island (capture_common.islands) runs for real: its generator calls act now.
+    return None if rec is None or rec.over or islands.running() else rec
 
 
 def _wrap_get_state(self: torch.Generator) -> torch.Tensor:

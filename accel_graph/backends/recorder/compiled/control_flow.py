@@ -69,8 +69,8 @@ def allocations(step: Step) -> list[PoolRef]:
     what its sub-programs allocate)."""
     if step.kind in CONTROL_KINDS:
         return [ref for s in sub_steps(step) for ref in allocations(s)]
-    if step.kind in ("view", "mutate", "host"):
-        return []
+    if step.kind in ("view", "mutate"):
+        return []  # a host step's outputs are an eager island's static buffers (islands.py)
     return [out for out in step.outputs if isinstance(out, PoolRef)]
 
 

@@ -17,7 +17,10 @@ from); after a failure those are put back, the owner is told (it switches to int
 and records the reason in ``compile_info()``) and the interpreted program runs this replay.
 After a successful first run the compiled program replays directly (one attribute read more
 than calling it). A program with collectives cannot be undone (the other ranks matched what
-already ran): its failure falls back for later replays and raises :class:`ReplayError` for this one.
+already ran), nor one with eager islands (an island writes what it likes): its failure falls
+back for later replays and raises :class:`ReplayError` for this one. A :class:`ReplayError`
+raised by the run itself (an island's outputs, a collective) is the caller's, not a compile
+failure: it propagates and the next replay's run is checked again.
 The saved copies live only during the first run.
 """
 
@@ -30,6 +33,7 @@ import torch
 
 from ....errors import ReplayError
 from ...capture_common.pytree import tree_flatten
+from ..islands import is_island_step
 from ..pool_protocol import GraphPool, PoolRef
 from ..program import CONTROL_KINDS
 from ..steps import Step
@@ -116,6 +120,8 @@ def undo_plan(steps: list[Step], device_type: str, index: int | None = None) -> 
             return all(visit(s) for sub in step.extra[1:] for s in sub)
         for x in tree_flatten((step.args, step.kwargs, step.extra))[0]:
             read(x)
+        if is_island_step(step):
+            return False  # an eager island writes what it likes (closures, module state)
         if step.kind == "host":  # generator state: the call's arguments name the generators
             draws = True
             for x in tree_flatten(getattr(step.func, "args", ()))[0]:
@@ -157,6 +163,10 @@ class FirstRun:
         restore = self._plan.save(self._pool) if self._plan is not None else None
         try:
             self._run()
+        except ReplayError:
+            # The replay's own error (an eager island's outputs, a collective), not a compile
+            # failure: the caller's to handle; the next replay is a checked first run again.
+            raise
         except Exception as exc:
             if restore is not None:
                 restore()
@@ -164,9 +174,9 @@ class FirstRun:
             self.fn = fallback
             if restore is None:
                 raise ReplayError(
-                    "the compiled program failed at its first run and runs collectives, which "
-                    "may have partly run on this rank, so this replay was not repeated "
-                    "interpreted; later replays run the interpreted program") from exc
+                    "the compiled program failed at its first run and runs collectives or eager "
+                    "islands, which may have partly run (on this rank), so this replay was not "
+                    "repeated interpreted; later replays run the interpreted program") from exc
             fallback()
             return
         self.fn = self._run

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from ...capture_common.pytree import tree_flatten
+from ..islands import is_island_step
 from ..steps import Step
 
 __all__ = ["FrozenConstants", "written_storages"]
@@ -48,8 +49,9 @@ def _written_args(step: Step) -> list[Any]:
     or ``out=`` step whose schema marks nothing written counts every argument as written."""
     func = step.func
     schema = getattr(func, "_schema", None)
-    if schema is None:  # a host call (generator state): writes no tensor argument
-        return []
+    if schema is None:  # a host call: generator state writes no tensor argument; an eager
+        # island may write any tensor it is given (what it reaches otherwise is documented)
+        return tree_flatten((step.args, step.kwargs))[0] if is_island_step(step) else []
     written = []
     for pos, arg in enumerate(schema.arguments):
         if arg.alias_info is None or not arg.alias_info.is_write:
