@@ -253,3 +253,66 @@ def test_assert_capturable_names_the_island() -> None:
     with pytest.raises(AssertionError) as info:
         assert_capturable(step, torch.randn(2, 4))
     assert "mark model.layers.0.router, model.layers.1.router (Router)" in str(info.value)
+
+
+# --- islands already marked: run eagerly, unflagged (a capture runs them at every replay) ---
+
+def test_marked_modules_are_not_reported_and_the_rest_still_is() -> None:
+    import accel_graph
+
+    net = Net()
+    before = check_capturable(net, torch.randn(2, 4), steps=1)
+    accel_graph.eager_island(net.layers[0].router)
+    rep = check_capturable(net, torch.randn(2, 4), steps=1)
+    assert rep.findings and {f.island["path"] for f in rep} == {"Net.layers.1.router"}
+    assert rep.ops_seen < before.ops_seen
+    accel_graph.eager_island(net.layers[1].router)
+    assert check_capturable(net, torch.randn(2, 4)).ok
+    from accel_graph.backends.capture_common import islands as marks
+    assert marks.capture_runner() is None  # the check's runner is gone
+
+
+def test_a_function_island_may_read_the_host_and_bake_nothing() -> None:
+    import accel_graph
+
+    state = {"n": 0}
+
+    def route(x: torch.Tensor) -> torch.Tensor:
+        state["n"] += 1  # host state read each call: baked outside an island
+        return x[x > 0].sum() + x * state["n"]
+
+    bare = check_capturable(lambda x: route(x) * 2, torch.randn(4))
+    assert {f.level for f in bare} >= {"dispatch", "baked"}
+    island = accel_graph.eager_island(route)
+    rep = check_capturable(lambda x: island(x) * 2, torch.randn(4))
+    assert rep.ok, rep.format()
+
+
+def test_an_island_returning_a_number_is_reported() -> None:
+    import accel_graph
+
+    @accel_graph.eager_island
+    def count(x: torch.Tensor) -> tuple[torch.Tensor, int]:
+        return x + 1, int(x.sum())
+
+    rep = check_capturable(lambda x: count(x)[0], torch.ones(3), steps=1)
+    (f,) = rep.findings
+    assert f.op.startswith("eager_island ") and "count" in f.op
+    assert "returns int 3" in f.reason and "CaptureError" in f.reason
+    assert "test_capturable_islands.py" in f.location
+
+
+def test_an_island_in_a_cond_branch_is_reported() -> None:
+    import accel_graph
+
+    @accel_graph.eager_island
+    def inner(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return torch.cond(x.sum() > 0, lambda y: inner(y), lambda y: y - 1, (x,))
+
+    rep = check_capturable(fn, torch.ones(3), steps=1)
+    assert [f.op for f in rep] == [f"eager_island {inner.__qualname__}"]
+    assert "torch.cond" in rep.findings[0].reason
+    assert torch.equal(rep.result, torch.full((3,), 2.0))

@@ -21,6 +21,7 @@ import torch
 from torch._ops import HigherOrderOperator
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ..backends.capture_common import islands as island_marks
 from ..backends.capture_common.control_flow import undo_dynamo_skip
 from ..backends.capture_common.frames import user_frame
 from ..errors import ConfigError
@@ -111,7 +112,8 @@ class OpLog(TorchDispatchMode):
     ``torch.cond`` / ``torch.while_loop`` are logged as one entry each (their name) and run
     whole without this log (modes below it, ``check_capturable``'s flagger, still see them): a graph reads their predicates at replay, so the branch taken may
     differ between steps without anything being baked. Ops inside their bodies are not
-    compared (a limit of this check).
+    compared (a limit of this check). Ops of an eager island (``accel_graph.eager_island``)
+    are not logged: an island runs eagerly at every replay, so nothing in it is baked.
 
     ``context``: called at each op, its value logged with it (``check_capturable`` logs the
     module calls underway, to name the island for a baked value)."""
@@ -126,6 +128,8 @@ class OpLog(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: D401
         kwargs = kwargs or {}
+        if island_marks.running():  # an eager island reads host state live at every replay
+            return func(*args, **kwargs)
         ctx = self.context() if self.context is not None else None
         if isinstance(func, HigherOrderOperator):
             self.ops.append((func.name(), (), user_frame(), ctx))

@@ -35,11 +35,13 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import torch
+import torch.utils._pytree as torch_pytree
 from torch._ops import HigherOrderOperator
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from ..backends.capture_common import hostreads
+from ..backends.capture_common import islands as island_marks
 from ..backends.capture_common.control_flow import SUPPORTED, undo_dynamo_skip
 from ..backends.capture_common.frames import user_frame
 from ..backends.capture_common.illegal_ops import illegal_reason
@@ -102,6 +104,8 @@ class CapturabilityReport:
     #: While the function runs: the module calls underway at each finding, by finding.
     _stack: ModuleStack | None = field(default=None, repr=False, compare=False)
     _calls: list[tuple[ModuleCall, ...]] = field(default_factory=list, repr=False, compare=False)
+    #: How many torch.cond / while_loop / switch bodies are running (islands are refused there).
+    _bodies: int = field(default=0, repr=False, compare=False)
 
     def _found(self, finding: Finding, calls: tuple[ModuleCall, ...] | None = None) -> None:
         """Add a finding made while the function runs, with the module calls underway (or
@@ -183,6 +187,8 @@ class _DispatchFlagger(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: D401
         kwargs = kwargs or {}
+        if island_marks.running():  # an eager island's own work runs eagerly at replay: legal
+            return func(*args, **kwargs)
         if isinstance(func, HigherOrderOperator):
             return self._higher_order(func, args, kwargs)
         self.report.ops_seen += 1
@@ -197,9 +203,11 @@ class _DispatchFlagger(TorchDispatchMode):
     def _higher_order(self, func: HigherOrderOperator, args: tuple, kwargs: dict) -> Any:
         """Run a higher-order operator as eager would, with its bodies flagged. Predicates are
         read here, with the flagger off: capture reads them at replay, not on the host."""
+        self.report._bodies += 1
         try:
             return self._run_higher_order(func, args, kwargs)
         finally:
+            self.report._bodies -= 1
             undo_dynamo_skip()
 
     def _run_higher_order(self, func: HigherOrderOperator, args: tuple, kwargs: dict) -> Any:
@@ -282,6 +290,8 @@ class _FunctionFlagger(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: D401
         kwargs = kwargs or {}
+        if island_marks.running():
+            return func(*args, **kwargs)
         reason = self._reason(func, args, kwargs)
         if reason is not None:
             name = getattr(func, "__qualname__", None) or getattr(func, "__name__", str(func))
@@ -329,6 +339,51 @@ def _host_reads(report: CapturabilityReport, target: str | None) -> Iterator[Non
         hostreads.release()
 
 
+@contextlib.contextmanager
+def _islands_run_eagerly(report: CapturabilityReport) -> Iterator[Callable[[], None]]:
+    """Eager islands (``accel_graph.eager_island``) called while the check runs: run eagerly,
+    unflagged (a capture runs them eagerly at every replay), through the island runner a capture
+    installs (:mod:`accel_graph.backends.capture_common.islands`). What a capture would refuse
+    of an island itself is a finding: a call inside a ``torch.cond`` / ``while_loop`` body, and
+    outputs other than tensors (or tuples/lists/dicts of them, None allowed). Yields ``quiet()``:
+    after it, islands still run but report nothing (the baked-value check's later runs)."""
+    loud = [True]
+
+    def run(info: island_marks.IslandInfo, fn: Callable[..., Any], args: tuple,
+            kwargs: dict) -> Any:
+        where = user_frame()
+        if loud[0] and report._bodies:
+            report._found(Finding(f"eager_island {info.name}", (
+                f"eager island {info} is called inside a torch.cond branch or a while_loop "
+                f"body: capture refuses it (a body is recorded without running, so there are "
+                f"no real values to run the island on); call it outside the cond/while_loop"),
+                where, level="python"))
+        with island_marks.running_island():
+            out = fn(*args, **kwargs)
+        bad = [x for x in torch_pytree.tree_leaves(out)
+               if x is not None and not isinstance(x, torch.Tensor)]
+        if loud[0] and bad:
+            report._found(Finding(f"eager_island {info.name}", (
+                f"eager island {info} returns {type(bad[0]).__name__} {bad[0]!r:.60}: an "
+                f"island's outputs become static buffers, so they must be tensors or "
+                f"tuples/lists/dicts of them (None allowed); capture raises CaptureError. "
+                f"Return a tensor (torch.tensor(value, device=...)) or keep the value inside "
+                f"the island"), where, level="python"))
+        return out
+
+    def quiet() -> None:
+        loud[0] = False
+
+    if island_marks.capture_runner() is not None or island_marks.running():
+        yield quiet  # inside a capture or an island: theirs decides
+        return
+    token = island_marks.set_runner(run)
+    try:
+        yield quiet
+    finally:
+        island_marks.clear_runner(token)
+
+
 def _has_default_device(target: str) -> bool:
     get = getattr(torch, "get_default_device", None)
     return get is not None and get().type == target
@@ -374,10 +429,12 @@ def check_capturable(fn: Callable[..., Any], *args: Any, target: str | torch.dev
     report = CapturabilityReport(target=None if target is None else str(target))
     stack = report._stack = ModuleStack(module_roots(fn, args, kwargs))
     log = OpLog(stack.snapshot) if steps >= 2 else contextlib.nullcontext()
-    with stack:  # the module calls underway, for every run: each finding names its island
+    # The module calls underway, for every run: each finding names its island.
+    with stack, _islands_run_eagerly(report) as quiet:
         with torch.no_grad(), _host_reads(report, tgt), _FunctionFlagger(report, tgt), \
                 _DispatchFlagger(report, tgt), log:
             report.result = fn(*args, **kwargs)
+        quiet()
         if isinstance(log, OpLog):
             found, report.result = find_baked_values(
                 fn, args, kwargs, steps=steps, advance=advance, first=(log.ops, report.result),

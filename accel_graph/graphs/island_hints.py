@@ -10,9 +10,10 @@ duration of the check only and removed after; each finding takes a snapshot of t
 returned, the innermost call of the snapshot that can be an island:
 
 - its call returned: a call that raised has no outputs to make static;
-- its outputs are tensors or tuples/lists/dicts of tensors (what an island may return: its
-  outputs become static buffers of fixed shape and dtype). A module returning anything else
-  (a ``ModelOutput`` holding ``None``, a Python number) is skipped for the next one out.
+- its outputs are tensors, or tuples/lists/dicts of tensors and None (what an island may
+  return: its outputs become static buffers of fixed shape and dtype). A module returning
+  anything else (a ``ModelOutput`` holding a cache object, a Python number) is skipped for the
+  next one out.
 
 Modules are named by attribute path, as ``nn.Module.get_submodule`` takes it, from a root: the
 modules found among the function's arguments, the ``self`` of a bound method, the function
@@ -29,15 +30,15 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 from torch.nn.modules import module as nn_module
-
-from ..backends.capture_common.pytree import tree_flatten
 
 __all__ = ["ModuleCall", "ModuleStack", "island_advice", "module_roots"]
 
@@ -89,7 +90,10 @@ class ModuleStack:
         # call left by a forward that raised before torch ran its hooks) ends with it.
         for i in range(len(self._stack) - 1, -1, -1):
             if self._stack[i].module is module:
-                self._stack[i].ok = _tensor_outputs(output)
+                # A forward that raised reaches here (always_call) from torch's except block,
+                # with None for its output: no outputs to make static, not an island.
+                raised = output is None and sys.exc_info()[1] is not None
+                self._stack[i].ok = not raised and _tensor_outputs(output)
                 del self._stack[i:]
                 return
 
@@ -143,8 +147,9 @@ class ModuleStack:
 
 
 def _tensor_outputs(output: Any) -> bool:
-    leaves = tree_flatten(output)[0]
-    return bool(leaves) and all(isinstance(x, torch.Tensor) for x in leaves)
+    """Whether ``output`` is what an island may return: tensors, or tuples/lists/dicts (any
+    pytree torch knows, a transformers ``ModelOutput`` included) of tensors and None."""
+    return all(x is None or isinstance(x, torch.Tensor) for x in pytree.tree_leaves(output))
 
 
 def module_roots(fn: Callable[..., Any], args: tuple, kwargs: dict) -> list[tuple[str, torch.nn.Module]]:
