@@ -35,7 +35,6 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import torch
-import torch.utils._pytree as torch_pytree
 from torch._ops import HigherOrderOperator
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
@@ -49,7 +48,13 @@ from ..backends.capture_common.pytree import tree_flatten
 from ..backends.native.control_flow_support import python_level_refusal
 from ..errors import ConfigError
 from .baked_values import BakedValue, OpLog, find_baked_values
-from .island_hints import ModuleCall, ModuleStack, island_advice, module_roots
+from .island_hints import (
+    ModuleCall,
+    ModuleStack,
+    island_advice,
+    islands_run_eagerly,
+    module_roots,
+)
 
 __all__ = ["CapturabilityReport", "Finding", "check_capturable"]
 
@@ -339,51 +344,6 @@ def _host_reads(report: CapturabilityReport, target: str | None) -> Iterator[Non
         hostreads.release()
 
 
-@contextlib.contextmanager
-def _islands_run_eagerly(report: CapturabilityReport) -> Iterator[Callable[[], None]]:
-    """Eager islands (``accel_graph.eager_island``) called while the check runs: run eagerly,
-    unflagged (a capture runs them eagerly at every replay), through the island runner a capture
-    installs (:mod:`accel_graph.backends.capture_common.islands`). What a capture would refuse
-    of an island itself is a finding: a call inside a ``torch.cond`` / ``while_loop`` body, and
-    outputs other than tensors (or tuples/lists/dicts of them, None allowed). Yields ``quiet()``:
-    after it, islands still run but report nothing (the baked-value check's later runs)."""
-    loud = [True]
-
-    def run(info: island_marks.IslandInfo, fn: Callable[..., Any], args: tuple,
-            kwargs: dict) -> Any:
-        where = user_frame()
-        if loud[0] and report._bodies:
-            report._found(Finding(f"eager_island {info.name}", (
-                f"eager island {info} is called inside a torch.cond branch or a while_loop "
-                f"body: capture refuses it (a body is recorded without running, so there are "
-                f"no real values to run the island on); call it outside the cond/while_loop"),
-                where, level="python"))
-        with island_marks.running_island():
-            out = fn(*args, **kwargs)
-        bad = [x for x in torch_pytree.tree_leaves(out)
-               if x is not None and not isinstance(x, torch.Tensor)]
-        if loud[0] and bad:
-            report._found(Finding(f"eager_island {info.name}", (
-                f"eager island {info} returns {type(bad[0]).__name__} {bad[0]!r:.60}: an "
-                f"island's outputs become static buffers, so they must be tensors or "
-                f"tuples/lists/dicts of them (None allowed); capture raises CaptureError. "
-                f"Return a tensor (torch.tensor(value, device=...)) or keep the value inside "
-                f"the island"), where, level="python"))
-        return out
-
-    def quiet() -> None:
-        loud[0] = False
-
-    if island_marks.capture_runner() is not None or island_marks.running():
-        yield quiet  # inside a capture or an island: theirs decides
-        return
-    token = island_marks.set_runner(run)
-    try:
-        yield quiet
-    finally:
-        island_marks.clear_runner(token)
-
-
 def _has_default_device(target: str) -> bool:
     get = getattr(torch, "get_default_device", None)
     return get is not None and get().type == target
@@ -430,7 +390,10 @@ def check_capturable(fn: Callable[..., Any], *args: Any, target: str | torch.dev
     stack = report._stack = ModuleStack(module_roots(fn, args, kwargs))
     log = OpLog(stack.snapshot) if steps >= 2 else contextlib.nullcontext()
     # The module calls underway, for every run: each finding names its island.
-    with stack, _islands_run_eagerly(report) as quiet:
+    def island_finding(op: str, reason: str, where: str) -> None:
+        report._found(Finding(op, reason, where, level="python"))
+
+    with stack, islands_run_eagerly(island_finding, lambda: report._bodies > 0) as quiet:
         with torch.no_grad(), _host_reads(report, tgt), _FunctionFlagger(report, tgt), \
                 _DispatchFlagger(report, tgt), log:
             report.result = fn(*args, **kwargs)

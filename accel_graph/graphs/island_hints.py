@@ -28,6 +28,7 @@ directly is not seen by torch's hooks: the op is then named for the caller's mod
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import sys
@@ -40,7 +41,10 @@ import torch
 import torch.utils._pytree as pytree
 from torch.nn.modules import module as nn_module
 
-__all__ = ["ModuleCall", "ModuleStack", "island_advice", "module_roots"]
+from ..backends.capture_common import islands as island_marks
+from ..backends.capture_common.frames import user_frame
+
+__all__ = ["ModuleCall", "ModuleStack", "island_advice", "islands_run_eagerly", "module_roots"]
 
 
 @dataclass(eq=False)
@@ -260,3 +264,50 @@ def island_advice(islands: list[dict[str, Any] | None]) -> list[str]:
         lines.append(f"  {outside} finding(s) outside every nn.Module: move that code into a "
                      f"function decorated with @accel_graph.eager_island")
     return lines
+
+
+@contextlib.contextmanager
+def islands_run_eagerly(found: Callable[[str, str, str], None],
+                        in_body: Callable[[], bool]) -> Iterator[Callable[[], None]]:
+    """Eager islands (``accel_graph.eager_island``) called during ``check_capturable``: run
+    eagerly and unflagged (a capture runs them eagerly at every replay), through the island
+    runner a capture installs (:mod:`accel_graph.backends.capture_common.islands`); the
+    flaggers let work through while ``islands.running()``.
+
+    What a capture would refuse of an island itself goes to ``found(op, reason, where)``: a call
+    while ``in_body()`` (a ``torch.cond`` / ``while_loop`` body), and outputs other than tensors
+    or tuples/lists/dicts of them (None allowed). Yields ``quiet()``: after it, islands still
+    run but report nothing (the baked-value check's later runs). Installs nothing when a capture
+    or an island is underway on this thread (theirs decides)."""
+    loud = [True]
+
+    def run(info: island_marks.IslandInfo, fn: Callable[..., Any], args: tuple,
+            kwargs: dict) -> Any:
+        where, op = user_frame(), f"eager_island {info.name}"
+        if loud[0] and in_body():
+            found(op, f"eager island {info} is called inside a torch.cond branch or a "
+                      f"while_loop body: capture refuses it (a body is recorded without running, "
+                      f"so there are no real values to run the island on); call it outside the "
+                      f"cond/while_loop", where)
+        with island_marks.running_island():
+            out = fn(*args, **kwargs)
+        bad = [x for x in pytree.tree_leaves(out) if x is not None and not isinstance(x, torch.Tensor)]
+        if loud[0] and bad:
+            found(op, f"eager island {info} returns {type(bad[0]).__name__} {bad[0]!r:.60}: an "
+                      f"island's outputs become static buffers, so they must be tensors or "
+                      f"tuples/lists/dicts of them (None allowed); capture raises CaptureError. "
+                      f"Return a tensor (torch.tensor(value, device=...)) or keep the value "
+                      f"inside the island", where)
+        return out
+
+    def quiet() -> None:
+        loud[0] = False
+
+    if island_marks.capture_runner() is not None or island_marks.running():
+        yield quiet
+        return
+    token = island_marks.set_runner(run)
+    try:
+        yield quiet
+    finally:
+        island_marks.clear_runner(token)
