@@ -20,6 +20,9 @@ modules found among the function's arguments, the ``self`` of a bound method, th
 itself, its closure, and the globals its code names (a recipe's ``model``), through
 ``functools.partial``. A module no root reaches is named from the outermost module called.
 
+Islands already marked run eagerly and unflagged during the check (:func:`islands_run_eagerly`,
+the island runner a capture would install), so checking again after marking shows what is left.
+
 The outputs' shapes are not checked for data dependence: a module whose output shape follows
 the data (it returns the ``nonzero`` itself) is named all the same, and its island then fails at
 replay with a ``ReplayError`` naming it. A module called through ``module.forward(...)``
