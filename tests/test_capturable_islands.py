@@ -144,7 +144,7 @@ def test_capturable_function_gets_no_island_lines() -> None:
 
 
 @pytest.mark.parametrize("how", ["argument", "kwarg", "closure", "partial", "bound", "server",
-                                 "helper", "list"])
+                                 "global", "helper", "list"])
 def test_roots_are_found_where_the_function_reaches_its_model(how: str) -> None:
     net = Net(n=1)
     x = torch.randn(2, 4)
@@ -169,9 +169,10 @@ def test_roots_are_found_where_the_function_reaches_its_model(how: str) -> None:
         rep, root = check_capturable(net.forward, x, steps=1), "self"
     elif how == "server":
         rep, root = check_capturable(Server().run, x, steps=1), "self.engine"
-    elif how == "helper":
+    elif how == "global":
         rep, root = check_capturable(step, x, steps=1), "model"  # the global model, not net
-        net = model
+    elif how == "helper":  # a lambda calling a global function that names the model
+        rep, root = check_capturable(lambda x: step(x), x, steps=1), "model"
     else:
         rep, root = check_capturable(lambda ms, x: ms[0](x), [net], x, steps=1), "ms[0]"
     f = dispatch(rep)[0]
