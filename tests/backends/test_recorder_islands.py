@@ -166,7 +166,9 @@ def test_two_islands_and_nested_island(tmp_path) -> None:
         x.copy_(torch.randn(5))
         g.replay()
         assert torch.equal(out, f(x))
-    hosts = [op["op"] for op in _dump(g, tmp_path)["ops"] if op["kind"] == "host"]
+    desc = _dump(g, tmp_path)
+    assert len(desc["outputs"]) == 1  # the island buffers the caller dropped are no outputs
+    hosts = [op["op"] for op in desc["ops"] if op["kind"] == "host"]
     assert len(hosts) == 2  # the nested island is no step of its own
     assert "outer" in hosts[0] and "second" in hosts[1]
     assert "eager_island" in (tmp_path / "g.dot").read_text()
@@ -403,3 +405,134 @@ def test_pool_memory_counts_buffers_not_island_temporaries() -> None:
         g.replay()
     assert g.memory_bytes() == mem
     assert torch.equal(out, big_temp(x * 2) * 3)
+
+
+# -- compiled replay: each piece an Inductor stretch, the island a host step between --------
+def test_compiled_pieces_equal_interpreted_with_a_kv_cache() -> None:
+    from accel_graph.foundation.tolerances import assert_close_for_dtype
+
+    torch.manual_seed(0)
+    model = Decoderish()
+    eager_island(model.moe)
+
+    @eager_island
+    def attend(k: torch.Tensor, pos: torch.Tensor, cache: torch.Tensor) -> torch.Tensor:
+        p = int(pos.item())
+        cache[p] = k[0]
+        return cache[: p + 1].mean(0, keepdim=True)
+
+    def step(x, pos, cache):
+        h = model(x)
+        return torch.sigmoid(attend(h, pos, cache) + h)
+
+    x, pos = torch.randn(6, 8), torch.tensor([0])
+    caches = {mode: torch.zeros(8, 8) for mode in ("interpreted", "compiled")}
+    with torch.no_grad():
+        gi, out_i = _capture(step, x, pos, caches["interpreted"])
+        gc, out_c = _capture(step, x, pos, caches["compiled"], compile="inductor")
+        for p in range(1, 5):
+            torch.manual_seed(p)
+            x.copy_(torch.randn(6, 8) * p)
+            pos.fill_(p)
+            ref_cache = caches["interpreted"].clone()
+            expect = step(x, pos, ref_cache)
+            gi.replay()
+            gc.replay()
+            assert torch.equal(out_i, expect) and torch.equal(caches["interpreted"], ref_cache)
+            assert_close_for_dtype(out_c, out_i)
+            assert_close_for_dtype(caches["compiled"], caches["interpreted"])
+    info = gc.compile_info()
+    assert "fallback" not in info, info
+    # Three pieces around two islands, each a compiled stretch: island buffers are not reused
+    # within the capture, so no stretch writes where it reads an island's output.
+    assert info["host_steps"] == 2 and info["stretches"] == 3, info
+    assert info["interpreted_stretches"] == []
+
+
+def test_compiled_island_replay_error_is_no_compile_failure() -> None:
+    @eager_island
+    def head(t: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+        return t[: int(n.item())] * 2
+
+    after = torch.zeros(2)
+
+    def step(x, n):
+        y = head(torch.cos(x), n)
+        after.copy_(torch.sin(y))
+        return y
+
+    x, n = torch.randn(4), torch.tensor(2)
+    g, out = _capture(step, x, n, compile="inductor")
+    n.fill_(3)
+    with pytest.raises(ReplayError, match="head"):
+        g.replay()  # the compiled program's first run: the island's error is the caller's
+    assert torch.equal(after, torch.zeros(2))
+    n.fill_(2)
+    g.replay()
+    assert "fallback" not in g.compile_info()
+    torch.testing.assert_close(after, torch.sin(torch.cos(x)[:2] * 2))
+
+
+# -- the edges: capturing state seen inside an island, other threads, a capture that is over --
+def test_island_sees_no_capture_and_other_threads_run_plainly() -> None:
+    import threading
+
+    seen = []
+
+    @eager_island
+    def probe(t: torch.Tensor) -> torch.Tensor:
+        seen.append(ag.is_current_stream_capturing())
+        return t * 2
+
+    x = torch.ones(2)
+    results = []
+    g = ag.Graph(device="cpu")
+    with ag.graph(g):
+        assert ag.is_current_stream_capturing()
+        y = probe(x + 1)
+        worker = threading.Thread(target=lambda: results.append(probe(x)))
+        worker.start()
+        worker.join()
+        assert ag.is_current_stream_capturing()
+    assert seen == [False, False]  # in the island at capture, and on the other thread
+    assert torch.equal(results[0], x * 2)  # the other thread called it plainly
+    g.replay()
+    assert seen == [False, False, False] and torch.equal(y, (x + 1) * 2)
+
+
+def test_island_after_an_invalidated_capture_is_a_plain_call() -> None:
+    calls = []
+
+    @eager_island
+    def count(t: torch.Tensor) -> torch.Tensor:
+        calls.append(1)
+        return t + 1
+
+    g = ag.Graph(device="cpu")
+    g.capture_begin()
+    x = torch.ones(3)
+    with pytest.raises(CaptureError):
+        (x * 2).sum().item()
+    out = count(x)  # the capture is over: real values, nothing recorded
+    assert torch.equal(out, x + 1) and calls == [1]
+    with pytest.raises(CaptureError, match="invalidated"):
+        g.capture_end()
+    assert islands.capture_runner() is None
+
+
+def test_check_capturable_lets_islands_through() -> None:
+    """check_capturable runs an island as a capture would (eagerly): its host reads and
+    data-dependent ops are no findings, and nothing inside it counts as baked."""
+    torch.manual_seed(0)
+    model = Decoderish()
+    x = torch.randn(6, 8)
+    assert not ag.check_capturable(model, x)  # the router alone: refused ops
+    eager_island(model.moe)
+    report = ag.check_capturable(model, x)
+    assert report.ok, report.format()
+    assert islands.capture_runner() is None  # nothing left installed
+
+    def outside(t: torch.Tensor) -> torch.Tensor:
+        return model(t)[t > 0]  # still flagged outside the island
+
+    assert not ag.check_capturable(outside, x)

@@ -19,4 +19,6 @@ capture enforces are stated once and a check of them never loads a backend.
 - :mod:`.frames`: the user's source line an error about an op names.
 - :mod:`.pytree`: a fast subset of torch's pytree over aten arguments.
 - :mod:`.poison`: the fill that shows reads of memory nothing wrote (debug captures).
+- :mod:`.islands`: eager islands' meeting point (``accel_graph.eager_island`` marks callables,
+  a capturing backend installs the runner that runs them inside its capture).
 """

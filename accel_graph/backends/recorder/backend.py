@@ -27,6 +27,7 @@ from ..base import (
     PoolStats,
     next_user_pool_id,
 )
+from ..capture_common import islands
 from . import collective_check, collectives
 from .capture import Capture
 from .compiled import replay_choice
@@ -372,7 +373,8 @@ class RecorderBackend(Backend):
 
     def is_current_stream_capturing(self, device: DeviceSpec) -> bool:
         cap = active_capture()
-        return cap is not None
+        # An eager island runs outside the capture (capture_common.islands): as in eager.
+        return cap is not None and not islands.running()
 
     def current_stream(self, device: DeviceSpec) -> Any:
         return None

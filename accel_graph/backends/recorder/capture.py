@@ -81,6 +81,10 @@ class Capture:
         self.top_steps = self.steps
         self.ran_to = 0
         self._island_runner: islands_common.Runner | None = None
+        #: Eager islands' static output buffers, held until the capture stops: their memory is
+        #: not reused within the capture, so a compiled stretch never writes where it reads an
+        #: island's output (segmented.py would replay such a stretch interpreted).
+        self.island_buffers: list[torch.Tensor] = []
         self.inputs: dict[int, InputRecord] = {}
         # Views of inputs created during capture map back to the input they view, so a stale
         # check watches the user's tensor and not our own view of it: id(view) -> (weak
@@ -135,6 +139,7 @@ class Capture:
         runner, self._island_runner = self._island_runner, None
         if runner is not None:
             islands_common.clear_runner(runner)
+        self.island_buffers = []  # while the pool still listens: their deaths are logged
         token, self._reads = self._reads, None
         if token is not None:
             hostreads.unwatch(token)

@@ -35,7 +35,14 @@ from torch.utils._python_dispatch import _disable_current_modes
 from ...errors import CaptureError, ReplayError
 from ..capture_common.dispatch_stack import lifted
 from ..capture_common.frames import user_frame
-from ..capture_common.islands import IslandInfo, Runner, refusal, running_island
+from ..capture_common.islands import (
+    IslandInfo,
+    Runner,
+    enter_island,
+    leave_island,
+    refusal,
+    running_island,
+)
 from ..capture_common.pytree import tree_flatten
 from . import ops as opinfo
 from .program import build_replay, materialize
@@ -63,6 +70,8 @@ class IslandCapture(Protocol):
     top_steps: list[Step]
     #: How many of ``top_steps`` have run (at the islands so far).
     ran_to: int
+    #: Static output buffers held until the capture stops (no reuse of their memory in it).
+    island_buffers: list[torch.Tensor]
 
     def invalidate(self, func: Any, exc: BaseException) -> None: ...
 
@@ -126,13 +135,20 @@ class IslandCall:
         self._single = spec.is_leaf() and slots == (0,)
 
     def __call__(self, args: tuple, kwargs: dict, buffers: tuple) -> None:
-        with running_island():
+        enter_island()  # not a context manager: this is the per-replay cost of an island
+        try:
             if self.inference:
                 out = self.fn(*args, **kwargs)
             else:  # replay runs under inference mode; the island runs as it was captured
                 with torch.inference_mode(False), torch.set_grad_enabled(self.grad):
                     out = self.fn(*args, **kwargs)
+        finally:
+            leave_island()
         if self._single and out.__class__ is _Tensor:
+            buf = buffers[0]
+            if out.shape == buf.shape and out.dtype == buf.dtype and out.device == buf.device:
+                buf.copy_(out)
+                return
             leaves = [out]
         else:
             leaves, spec = pytree.tree_flatten(out)
@@ -201,6 +217,7 @@ def _capture_island(cap: IslandCapture, info: IslandInfo, fn: Callable[..., Any]
             buf.copy_(x)
             slots.append(len(buffers))
             buffers.append(buf)
+    cap.island_buffers.extend(buffers)
     call = IslandCall(info, fn, spec, tuple(slots), grad, inference, where)
     fargs = cap.frozen_arg(args)
     fkwargs = cap.frozen_arg(kwargs)
