@@ -14,14 +14,14 @@ logs each aten op with its non-tensor arguments and the user's source line, with
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch._ops import HigherOrderOperator
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ..backends.capture_common import islands
+from ..backends.capture_common import islands as island_marks
 from ..backends.capture_common.control_flow import undo_dynamo_skip
 from ..backends.capture_common.frames import user_frame
 from ..errors import ConfigError
@@ -41,6 +41,8 @@ class BakedValue:
     location: str
     #: Index of the op in the recording (its position in the program).
     index: int
+    #: What the log's ``context`` said at the op in the later recording (None without one).
+    context: Any = field(default=None, compare=False)
 
     @property
     def reason(self) -> str:
@@ -58,6 +60,8 @@ class ProgramChange:
     first: str
     later: str
     location: str
+    #: What the log's ``context`` said at the op where the recordings part (None without one).
+    context: Any = field(default=None, compare=False)
 
     @property
     def reason(self) -> str:
@@ -108,29 +112,37 @@ class OpLog(TorchDispatchMode):
     ``torch.cond`` / ``torch.while_loop`` are logged as one entry each (their name) and run
     whole without this log (modes below it, ``check_capturable``'s flagger, still see them): a graph reads their predicates at replay, so the branch taken may
     differ between steps without anything being baked. Ops inside their bodies are not
-    compared (a limit of this check)."""
+    compared (a limit of this check). Ops of an eager island (``accel_graph.eager_island``)
+    are not logged: an island runs eagerly at every replay, so nothing in it is baked.
+
+    ``context``: called at each op, its value logged with it (``check_capturable`` logs the
+    module calls underway, to name the island for a baked value)."""
 
     #: Higher-order operators (cond, while_loop) arrive whole rather than failing in torch.
     supports_higher_order_operators = True
 
-    def __init__(self) -> None:
+    def __init__(self, context: Callable[[], Any] | None = None) -> None:
         super().__init__()
-        self.ops: list[tuple[str, tuple[tuple[str, Any], ...], str]] = []
+        self.ops: list[tuple[str, tuple[tuple[str, Any], ...], str, Any]] = []
+        self.context = context
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: D401
         kwargs = kwargs or {}
-        if islands.running():  # an eager island runs anew at every replay: nothing is baked
+        if island_marks.running():  # an eager island reads host state live at every replay
             return func(*args, **kwargs)
+        ctx = self.context() if self.context is not None else None
         if isinstance(func, HigherOrderOperator):
-            self.ops.append((func.name(), (), user_frame()))
+            self.ops.append((func.name(), (), user_frame(), ctx))
             return func(*args, **kwargs)  # this mode is off here: modes below it still see it
-        self.ops.append((str(func), _constants(func, args, kwargs), user_frame()))
+        self.ops.append((str(func), _constants(func, args, kwargs), user_frame(), ctx))
         return func(*args, **kwargs)
 
 
-def record_ops(fn: Callable[..., Any], args: tuple, kwargs: dict) -> tuple[list, Any]:
-    """Run ``fn`` once eagerly under ``no_grad`` and return (its op log, its result)."""
-    log = OpLog()
+def record_ops(fn: Callable[..., Any], args: tuple, kwargs: dict,
+               context: Callable[[], Any] | None = None) -> tuple[list, Any]:
+    """Run ``fn`` once eagerly under ``no_grad`` and return (its op log, its result);
+    ``context`` as :class:`OpLog`'s."""
+    log = OpLog(context)
     try:
         with torch.no_grad(), log:
             result = fn(*args, **kwargs)
@@ -144,11 +156,13 @@ def record_ops(fn: Callable[..., Any], args: tuple, kwargs: dict) -> tuple[list,
 
 def find_baked_values(fn: Callable[..., Any], args: tuple, kwargs: dict, *, steps: int,
                       advance: Callable[[], Any] | None = None,
-                      first: tuple[list, Any] | None = None) -> tuple[list[Any], Any]:
+                      first: tuple[list, Any] | None = None,
+                      context: Callable[[], Any] | None = None) -> tuple[list[Any], Any]:
     """Run ``fn`` ``steps`` times (``advance()`` between runs) and return (what changed, the
     last result). What changed: a :class:`BakedValue` per op whose Python arguments differ from
     the first run's, or one :class:`ProgramChange` where the op sequences part. ``first``: the
     first run's (op log, result) when the caller made it already (under an :class:`OpLog`).
+    ``context``: as :class:`OpLog`'s; each finding carries its value at the op (``context``).
 
     Each run is a real eager step: its side effects (a KV cache written, a counter advanced)
     are the point, since they are what moves the host state a graph would have frozen.
@@ -160,26 +174,26 @@ def find_baked_values(fn: Callable[..., Any], args: tuple, kwargs: dict, *, step
         )
     if advance is not None and not callable(advance):
         raise ConfigError(f"advance must be a callable run between steps, got {type(advance).__name__}")
-    first, result = first if first is not None else record_ops(fn, args, kwargs)
+    first, result = first if first is not None else record_ops(fn, args, kwargs, context)
     found: list[Any] = []
     flagged: set[int] = set()
     for _ in range(steps - 1):
         if advance is not None:
             advance()
-        later, result = record_ops(fn, args, kwargs)
+        later, result = record_ops(fn, args, kwargs, context)
         for i, (a, b) in enumerate(zip(first, later)):
             if a[0] != b[0]:
-                found.append(ProgramChange(i, a[0], b[0], b[2]))
+                found.append(ProgramChange(i, a[0], b[0], b[2], b[3]))
                 return found, result
             if not _same(a[1], b[1]) and i not in flagged:
                 flagged.add(i)
                 changes = tuple((na, va, vb) for (na, va), (_, vb) in zip(a[1], b[1]) if not _same(va, vb))
-                found.append(BakedValue(a[0], changes, b[2], i))
+                found.append(BakedValue(a[0], changes, b[2], i, b[3]))
         if len(first) != len(later):
             i = min(len(first), len(later))
             a_op = first[i][0] if i < len(first) else "<end>"
             b_op = later[i][0] if i < len(later) else "<end>"
-            loc = later[i][2] if i < len(later) else first[i][2]
-            found.append(ProgramChange(i, a_op, b_op, loc))
+            entry = later[i] if i < len(later) else first[i]
+            found.append(ProgramChange(i, a_op, b_op, entry[2], entry[3]))
             return found, result
     return found, result

@@ -18,6 +18,9 @@ capture would refuse, each with the Python source line that issued it:
   capture them into that target's native graphs in any build (``while_loop`` on CUDA before
   torch's while-node capture, both on XPU); the recorder captures them everywhere.
 
+Each finding also names the smallest enclosing ``nn.Module`` to mark as an eager island
+(``Finding.island``; :mod:`accel_graph.graphs.island_hints`), by class and attribute path.
+
 Nothing is captured and no pool is touched; the function runs as it would eagerly. The rules
 are the recorder's, stated in ``backends/capture_common/`` (importing this module loads them, not
 the recorder backend); ``import accel_graph`` loads neither, because the package face imports
@@ -28,7 +31,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import torch
@@ -36,7 +39,8 @@ from torch._ops import HigherOrderOperator
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
-from ..backends.capture_common import hostreads, islands
+from ..backends.capture_common import hostreads
+from ..backends.capture_common import islands as island_marks
 from ..backends.capture_common.control_flow import SUPPORTED, undo_dynamo_skip
 from ..backends.capture_common.frames import user_frame
 from ..backends.capture_common.illegal_ops import illegal_reason
@@ -44,6 +48,13 @@ from ..backends.capture_common.pytree import tree_flatten
 from ..backends.native.control_flow_support import python_level_refusal
 from ..errors import ConfigError
 from .baked_values import BakedValue, OpLog, find_baked_values
+from .island_hints import (
+    ModuleCall,
+    ModuleStack,
+    island_advice,
+    islands_run_eagerly,
+    module_roots,
+)
 
 __all__ = ["CapturabilityReport", "Finding", "check_capturable"]
 
@@ -78,6 +89,10 @@ class Finding:
     #: ``"dispatch"`` (an aten op), ``"python"`` (a torch API call the dispatcher misses) or
     #: ``"baked"`` (a host value a graph would freeze; ``check_capturable(steps=2)``).
     level: str = "dispatch"
+    #: The smallest enclosing ``nn.Module`` to mark as an eager island, or None (issued outside
+    #: every module): ``{"path", "class", "root", "submodule", "within"}``
+    #: (:meth:`accel_graph.graphs.island_hints.ModuleStack.resolve`).
+    island: dict[str, Any] | None = field(default=None, compare=False)
 
     def __str__(self) -> str:
         return f"{self.location}: {self.op}: {self.reason}"
@@ -91,6 +106,27 @@ class CapturabilityReport:
     target: str | None = None
     ops_seen: int = 0
     result: Any = field(default=None, repr=False)
+    #: While the function runs: the module calls underway at each finding, by finding.
+    _stack: ModuleStack | None = field(default=None, repr=False, compare=False)
+    _calls: list[tuple[ModuleCall, ...]] = field(default_factory=list, repr=False, compare=False)
+    #: How many torch.cond / while_loop / switch bodies are running (islands are refused there).
+    _bodies: int = field(default=0, repr=False, compare=False)
+
+    def _found(self, finding: Finding, calls: tuple[ModuleCall, ...] | None = None) -> None:
+        """Add a finding made while the function runs, with the module calls underway (or
+        ``calls``, those logged with a baked value's op)."""
+        self.findings.append(finding)
+        if calls is None:
+            calls = self._stack.snapshot() if self._stack is not None else ()
+        self._calls.append(calls)
+
+    def _name_islands(self) -> None:
+        """Once the function has returned: each finding's island (its calls' outputs known)."""
+        stack, self._stack = self._stack, None
+        if stack is not None:
+            self.findings = [replace(f, island=stack.resolve(calls))
+                             for f, calls in zip(self.findings, self._calls)]
+        self._calls = []
 
     @property
     def ok(self) -> bool:
@@ -120,6 +156,7 @@ class CapturabilityReport:
         lines = [_summary(self.findings) + f" ({len(uniq)} distinct)"
                  + (f" for target {self.target}" if self.target else "") + ":"]
         lines += [f"  {f}" for f in uniq]
+        lines += island_advice([f.island for f in self.findings])
         return "\n".join(lines)
 
     def as_dict(self) -> dict[str, Any]:
@@ -155,7 +192,7 @@ class _DispatchFlagger(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: D401
         kwargs = kwargs or {}
-        if islands.running():  # an eager island's own work: legal in a capture
+        if island_marks.running():  # an eager island's own work runs eagerly at replay: legal
             return func(*args, **kwargs)
         if isinstance(func, HigherOrderOperator):
             return self._higher_order(func, args, kwargs)
@@ -164,23 +201,25 @@ class _DispatchFlagger(TorchDispatchMode):
         if reason is None and self.target is not None:
             reason = _host_mix(func, args, kwargs, self.target)
         if reason is not None:
-            self.report.findings.append(Finding(str(func), reason, user_frame()))
+            self.report._found(Finding(str(func), reason, user_frame()))
         return func(*args, **kwargs)  # keep going: the point is to find every one
 
 
     def _higher_order(self, func: HigherOrderOperator, args: tuple, kwargs: dict) -> Any:
         """Run a higher-order operator as eager would, with its bodies flagged. Predicates are
         read here, with the flagger off: capture reads them at replay, not on the host."""
+        self.report._bodies += 1
         try:
             return self._run_higher_order(func, args, kwargs)
         finally:
+            self.report._bodies -= 1
             undo_dynamo_skip()
 
     def _run_higher_order(self, func: HigherOrderOperator, args: tuple, kwargs: dict) -> Any:
         name = func.name()
         native = None if self.target is None else python_level_refusal(name, self.target)
         if native is not None and name in SUPPORTED:  # the recorder takes it; the target's graphs not
-            self.report.findings.append(Finding(name, native, user_frame()))
+            self.report._found(Finding(name, native, user_frame()))
         if name == "cond":
             pred, true_fn, false_fn, operands = args
             taken = true_fn if _host_bool(pred) else false_fn
@@ -205,13 +244,13 @@ class _DispatchFlagger(TorchDispatchMode):
                     return branches[k](*operands)
             # Out of range: eager's operator raises (torch's switch() clamps first), as does
             # this call below, and a replay would raise ReplayError.
-            self.report.findings.append(Finding(name, (
+            self.report._found(Finding(name, (
                 f"switch index {k} is out of range for {len(branches)} branches: the operator "
                 f"raises in eager and replay raises ReplayError; call torch's switch(), which "
                 f"clamps the index"), user_frame()))
             with _disable_current_modes():
                 return func(*args, **kwargs)
-        self.report.findings.append(Finding(
+        self.report._found(Finding(
             name, f"higher-order operator {name} is not supported during graph capture (the "
             f"recorder captures {', '.join(SUPPORTED)})", user_frame()))
         with _disable_current_modes():
@@ -256,10 +295,12 @@ class _FunctionFlagger(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: D401
         kwargs = kwargs or {}
-        reason = None if islands.running() else self._reason(func, args, kwargs)
+        if island_marks.running():
+            return func(*args, **kwargs)
+        reason = self._reason(func, args, kwargs)
         if reason is not None:
             name = getattr(func, "__qualname__", None) or getattr(func, "__name__", str(func))
-            self.report.findings.append(Finding(name, reason, user_frame(), level="python"))
+            self.report._found(Finding(name, reason, user_frame(), level="python"))
         return func(*args, **kwargs)
 
     def _reason(self, func: Any, args: tuple, kwargs: dict) -> str | None:
@@ -292,7 +333,7 @@ def _host_reads(report: CapturabilityReport, target: str | None) -> Iterator[Non
     reasons = {what: _HOST_READS[name] for name, what in hostreads.HOST_READS.items()}
 
     def found(what: str, exc: BaseException) -> None:
-        report.findings.append(Finding(what, reasons[what], user_frame(), level="python"))
+        report._found(Finding(what, reasons[what], user_frame(), level="python"))
 
     hostreads.acquire()
     token = hostreads.watch(target, lambda: True, found, raise_=False)
@@ -346,15 +387,23 @@ def check_capturable(fn: Callable[..., Any], *args: Any, target: str | torch.dev
     if steps == 1 and advance is not None:
         raise ConfigError("advance= is run between steps: pass steps=2 (or more) with it")
     report = CapturabilityReport(target=None if target is None else str(target))
-    log = OpLog() if steps >= 2 else contextlib.nullcontext()
-    # Eager islands (accel_graph.eager_island) run unchecked: a capture runs them eagerly.
-    with islands.eager_runs(), torch.no_grad(), _host_reads(report, tgt), \
-            _FunctionFlagger(report, tgt), _DispatchFlagger(report, tgt), log:
-        report.result = fn(*args, **kwargs)
-    if isinstance(log, OpLog):
-        with islands.eager_runs():
-            found, report.result = find_baked_values(fn, args, kwargs, steps=steps,
-                                                     advance=advance, first=(log.ops, report.result))
-        report.findings += [Finding(f.op if isinstance(f, BakedValue) else f.later, f.reason,
-                                    f.location, level="baked") for f in found]
+    stack = report._stack = ModuleStack(module_roots(fn, args, kwargs))
+    log = OpLog(stack.snapshot) if steps >= 2 else contextlib.nullcontext()
+    # The module calls underway, for every run: each finding names its island.
+    def island_finding(op: str, reason: str, where: str) -> None:
+        report._found(Finding(op, reason, where, level="python"))
+
+    with stack, islands_run_eagerly(island_finding, lambda: report._bodies > 0) as quiet:
+        with torch.no_grad(), _host_reads(report, tgt), _FunctionFlagger(report, tgt), \
+                _DispatchFlagger(report, tgt), log:
+            report.result = fn(*args, **kwargs)
+        quiet()
+        if isinstance(log, OpLog):
+            found, report.result = find_baked_values(
+                fn, args, kwargs, steps=steps, advance=advance, first=(log.ops, report.result),
+                context=stack.snapshot)
+            for f in found:
+                report._found(Finding(f.op if isinstance(f, BakedValue) else f.later, f.reason,
+                                      f.location, level="baked"), f.context)
+    report._name_islands()
     return report

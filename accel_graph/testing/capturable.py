@@ -9,7 +9,8 @@
         assert_capturable(model.decode_step, tokens, positions, target="cuda")
 
 On failure the message lists every capture-illegal operation with its source line (see
-:func:`accel_graph.check_capturable`), not just the first.
+:func:`accel_graph.check_capturable`), not just the first, and the modules to mark as eager
+islands for them (``mark model.layers.0.mlp.experts (MixtralExperts) as an eager island``).
 """
 
 from __future__ import annotations
