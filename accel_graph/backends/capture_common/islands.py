@@ -25,7 +25,7 @@ from typing import Any
 
 __all__ = [
     "MARK", "IslandInfo", "Runner", "capture_runner", "clear_runner", "describe_callable",
-    "eager_runs", "enter_island", "leave_island", "refusal", "refused", "running", "running_island", "set_runner",
+    "enter_island", "leave_island", "refusal", "refused", "running", "running_island", "set_runner",
 ]
 
 #: The attribute naming an island: a wrapper function, or the ``forward`` of a marked module,
@@ -99,24 +99,6 @@ def enter_island() -> None:
 def leave_island() -> None:
     """The island that :func:`enter_island` announced is done."""
     _tls.depth -= 1
-
-
-def _run_eagerly(info: IslandInfo, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-    with running_island():
-        return fn(*args, **kwargs)
-
-
-@contextmanager
-def eager_runs() -> Iterator[None]:
-    """Within the block, islands called on this thread run as islands do in a capture but
-    with nothing recorded: eagerly, with :func:`running` true, so checks that watch the
-    thread's ops (``check_capturable``) let the island's work through."""
-    previous = getattr(_tls, "runner", None)
-    _tls.runner = _run_eagerly
-    try:
-        yield
-    finally:
-        _tls.runner = previous
 
 
 @contextmanager

@@ -159,6 +159,13 @@ def _plan_functional(func: OpOverload, args: tuple, kwargs: dict, key: Any,
         specs.append((m.shape, stride, m.dtype))
     plan.specs = tuple(specs)
     plan.device = _output_device(args, kwargs)
+    if plan.device.type == "meta" and any(s[0] is not None for s in specs):
+        # The pool has no meta memory: its tensor would be a real one on the capture's device,
+        # silently not the meta tensor eager returns. Refused instead.
+        raise CaptureError(
+            f"{func} makes a tensor on the meta device (called at {user_frame()}); a recorder "
+            f"capture allocates every output in the graph's pool, which holds no meta tensors. "
+            f"Create meta tensors outside the capture.")
     plan.single = isinstance(out, torch.Tensor)
     plan.structure = out
     plan.positions = tuple(i for i, s in enumerate(specs) if s[0] is not None)
