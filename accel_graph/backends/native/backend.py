@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from ...errors import AccelGraphError, BackendUnavailable
+from ...errors import AccelGraphError, BackendUnavailable, CaptureError
 from ...foundation.compile_options import CompileOptions
 from .. import presence
 from ..base import (
@@ -38,6 +38,7 @@ from ..base import (
     PoolHandle,
     PoolStats,
 )
+from ..capture_common import islands as island_marks
 from . import control_flow as control_flow
 from . import control_flow_support as cf_support
 from .capture_context import NativeCaptureContext
@@ -63,6 +64,7 @@ class NativeGraphImpl(GraphImpl):
         self._debug = False
         self._flow: control_flow.ControlFlowMode | None = None  # torch.cond & co during capture
         self._stream: Any = None  # the stream the capture underway began on
+        self._island_refusal: Any = None  # refuses eager islands while a capture is underway
 
     def capture_begin(self, pool: PoolHandle | None, capture_error_mode: str) -> None:
         b, pools = self._backend, self._backend.pools
@@ -89,12 +91,28 @@ class NativeGraphImpl(GraphImpl):
         pools.captured(pool)
         b.capture_started(self)
         self._flow = control_flow.start(b.control_flow_support(), self.device)
+        # An island called here would be captured inline, not run eagerly at each replay (a
+        # silently different graph): refused until native pieces exist (issue 26).
+        self._island_refusal = island_marks.set_runner(self._refuse_island)
+
+    def _refuse_island(self, info: Any, fn: Any, args: tuple, kwargs: dict) -> Any:
+        raise CaptureError(
+            f"eager island {info} called in a {self._backend.name} capture: native backends do "
+            f"not run islands between graph pieces yet, so it would be captured, not run eagerly "
+            f"at each replay. Capture on the recorder (ACCEL_GRAPH_BACKEND=recorder), or call it "
+            f"outside the graph.")
+
+    def _stop_refusing_islands(self) -> None:
+        if self._island_refusal is not None:
+            island_marks.clear_runner(self._island_refusal)
+            self._island_refusal = None
 
     def pool(self) -> PoolHandle:
         assert self._handle is not None  # the front end asks only after capture_begin
         return self._handle
 
     def capture_end(self) -> None:
+        self._stop_refusing_islands()
         control_flow.end(self._flow)  # raises if an error left a conditional body
         self._flow = None
         try:
@@ -117,6 +135,7 @@ class NativeGraphImpl(GraphImpl):
         self.replay = self._graph.replay  # type: ignore[method-assign]
 
     def abort_capture(self) -> None:
+        self._stop_refusing_islands()
         graph, self._graph = self._graph, None
         self.__dict__.pop("replay", None)
         control_flow.stop(self._flow)
