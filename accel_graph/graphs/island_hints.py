@@ -258,7 +258,8 @@ def island_advice(islands: list[dict[str, Any] | None]) -> list[str]:
         else:
             shown = ", ".join(names[:3]) + (f", ... ({len(names)} modules)" if len(names) > 3 else "")
             line = (f"  mark {shown} ({cls}) as eager islands, or every {cls} "
-                    f"(GraphRunner(..., islands=[{cls}])) ({count} finding(s))")
+                    f"(accel_graph.eager_island(m) for each {cls} m in model.modules()) "
+                    f"({count} finding(s))")
             outer = enclosing.get(cls)
             if outer is not None:
                 line += f"; the enclosing {outer['class']} would do too"
