@@ -41,6 +41,7 @@ from ..base import (
 from ..capture_common import islands as island_marks
 from . import control_flow as control_flow
 from . import control_flow_support as cf_support
+from . import pieces
 from .capture_context import NativeCaptureContext
 from .capture_errors import begin_failed, end_capture_quietly, end_failed
 from .pools import NativePoolTable
@@ -48,8 +49,12 @@ from .torch_graphs import CUDA_GRAPH_CAPABILITIES, begin_params
 
 
 class NativeGraphImpl(GraphImpl):
-    """One graph on a torch graph class. Holds a torch graph object only while captured; each
-    capture uses a fresh one, so an aborted capture never leaves a half-used object behind.
+    """One graph on a torch graph class. Holds torch graph objects only while captured; each
+    capture uses fresh ones, so an aborted capture never leaves a half-used object behind.
+
+    A capture is one torch graph until an eager island is called in it; from then on it is one
+    torch graph per piece, all in the same pool, with the islands between them (:mod:`.pieces`):
+    ``_graph`` is the current (after capture: the last) piece, ``_pieces`` the sequence.
 
     Calls only the backend's policy methods, its mechanism hooks and ``backend.pools``."""
 
@@ -59,12 +64,14 @@ class NativeGraphImpl(GraphImpl):
         self._graph: Any = None
         self._handle: PoolHandle | None = None
         self._torch_id: tuple[int, int] | None = None
+        self._mode = "global"  # the vendor capture mode of the capture underway (every piece)
         self._before: int | None = None
         self._bytes: int | None = None
         self._debug = False
         self._flow: control_flow.ControlFlowMode | None = None  # torch.cond & co during capture
-        self._stream: Any = None  # the stream the capture underway began on
-        self._island_refusal: Any = None  # refuses eager islands while a capture is underway
+        self._stream: Any = None  # the stream the current piece's capture began on
+        self._pieces = pieces.Pieces(self)
+        self._runner: Any = None  # the island runner installed while a capture is underway
 
     def capture_begin(self, pool: PoolHandle | None, capture_error_mode: str) -> None:
         b, pools = self._backend, self._backend.pools
@@ -76,83 +83,127 @@ class NativeGraphImpl(GraphImpl):
         torch_id = pools.torch_id(pool)
         try:
             self._before = 0 if torch_id is None else pools.reserved(torch_id, self.device)
-            graph = b.new_torch_graph(self.keep_graph, torch_id, mode)
-            if self._debug:
-                graph.enable_debug_mode()
-            self.register_generators_with(graph)
-            b.begin_capture(graph, torch_id, mode)
-            self._stream = b.current_stream(self.device)  # for end_capture_quietly
+            self._torch_id, self._mode = torch_id, mode
+            self._graph = self._begin_torch_graph()
         except BaseException as exc:
             pools.unused(pool)  # no graph holds it: forget the bookkeeping entry
             if isinstance(exc, RuntimeError) and not isinstance(exc, AccelGraphError):
                 raise begin_failed(self.device, exc) from exc
             raise
-        self._graph, self._handle, self._torch_id = graph, pool, torch_id
+        self._handle = pool
         pools.captured(pool)
         b.capture_started(self)
         self._flow = control_flow.start(b.control_flow_support(), self.device)
-        # An island called here would be captured inline, not run eagerly at each replay (a
-        # silently different graph): refused until native pieces exist (issue 26).
-        self._island_refusal = island_marks.set_runner(self._refuse_island)
+        self._pieces = pieces.Pieces(self)
+        self._runner = island_marks.set_runner(self._pieces.run)
 
-    def _refuse_island(self, info: Any, fn: Any, args: tuple, kwargs: dict) -> Any:
-        raise CaptureError(
-            f"eager island {info} called in a {self._backend.name} capture: native backends do "
-            f"not run islands between graph pieces yet, so it would be captured, not run eagerly "
-            f"at each replay. Capture on the recorder (ACCEL_GRAPH_BACKEND=recorder), or call it "
-            f"outside the graph.")
+    def _begin_torch_graph(self) -> Any:
+        """A fresh torch graph, capturing into this capture's pool with its mode."""
+        b = self._backend
+        graph = b.new_torch_graph(self.keep_graph, self._torch_id, self._mode)
+        if self._debug:
+            graph.enable_debug_mode()
+        self.register_generators_with(graph)
+        b.begin_capture(graph, self._torch_id, self._mode)
+        self._stream = b.current_stream(self.device)  # for end_capture_quietly
+        return graph
 
-    def _stop_refusing_islands(self) -> None:
-        if self._island_refusal is not None:
-            island_marks.clear_runner(self._island_refusal)
-            self._island_refusal = None
+    # -- what .pieces needs (PieceHost) ----------------------------------------------------
+    def island_device(self) -> torch.device:
+        return self._backend.island_device(self.device)
+
+    def control_flow_mode(self) -> Any:
+        return self._flow
+
+    def end_piece(self) -> Any:
+        """End the current piece's capture (an island follows): the ended torch graph,
+        instantiated (``keep_graph=True`` too: the warm-up replay needs it)."""
+        graph = self._graph
+        try:
+            graph.capture_end()
+        except RuntimeError as exc:
+            raise end_failed(self.device, exc) from exc
+        self._graph = None
+        self._learn_pool(graph)
+        if self.keep_graph:
+            graph.instantiate()
+        return graph
+
+    def begin_piece(self) -> None:
+        """Begin the next piece's capture, in the same pool and mode."""
+        try:
+            self._graph = self._begin_torch_graph()
+        except RuntimeError as exc:
+            raise begin_failed(self.device, exc) from exc
+
+    def allocating_to_pool(self) -> AbstractContextManager[bool]:
+        return self._backend.pools.allocating_to(self._torch_id, self.device)
+
+    def _learn_pool(self, graph: Any) -> None:
+        if self._torch_id is None and self._handle is not None:
+            self._torch_id = self._backend.pools.learned(self._handle, graph)
+
+    def _stop_running_islands(self) -> None:
+        if self._runner is not None:
+            island_marks.clear_runner(self._runner)
+            self._runner = None
 
     def pool(self) -> PoolHandle:
         assert self._handle is not None  # the front end asks only after capture_begin
         return self._handle
 
     def capture_end(self) -> None:
-        self._stop_refusing_islands()
+        self._stop_running_islands()
         control_flow.end(self._flow)  # raises if an error left a conditional body
         self._flow = None
+        if self._pieces.broken is not None:
+            raise CaptureError(
+                f"the capture on {self.device} is invalid: {self._pieces.broken} (raised inside "
+                f"the capture, which went on without it); fix that and capture again")
         try:
             self._graph.capture_end()
             self._backend.capture_stopped(self)
         except RuntimeError as exc:
             raise end_failed(self.device, exc) from exc
-        if self._torch_id is None and self._handle is not None:
-            self._torch_id = self._backend.pools.learned(self._handle, self._graph)
+        self._learn_pool(self._graph)
         after = None
         if self._torch_id is not None:
             after = self._backend.pools.reserved(self._torch_id, self.device)
         self._bytes = None if after is None or self._before is None else after - self._before
+        self._pieces.over = True
         if not self.keep_graph:
             self._bind_replay()
 
     def _bind_replay(self) -> None:
-        # An instance attribute shadows the method: replay() is then torch's own bound method,
-        # one Python frame less on the hot path.
-        self.replay = self._graph.replay  # type: ignore[method-assign]
+        # An instance attribute shadows the method: replay() is then torch's own bound method
+        # (one Python frame less on the hot path), or the pieces' sequence with islands.
+        if self._pieces:
+            self.replay = self._pieces.finish(self._graph)  # type: ignore[method-assign]
+        else:
+            self.replay = self._graph.replay  # type: ignore[method-assign]
 
     def abort_capture(self) -> None:
-        self._stop_refusing_islands()
+        self._stop_running_islands()
         graph, self._graph = self._graph, None
         self.__dict__.pop("replay", None)
         control_flow.stop(self._flow)
         self._flow = None
         self._backend.capture_stopped(self)
-        if graph is None:
-            return
-        stream, self._stream = self._stream, None
-        end_capture_quietly(self._backend, stream, graph)
-        try:
-            graph.reset()
-        except Exception:
-            pass
-        self._release()
+        ended = self._pieces.drop()
+        if graph is not None:
+            stream, self._stream = self._stream, None
+            end_capture_quietly(self._backend, stream, graph)
+            ended.append(graph)
+        for g in ended:
+            try:
+                g.reset()
+            except Exception:
+                pass
+        if ended:
+            self._release()
 
     def instantiate(self) -> None:
-        self._graph.instantiate()
+        self._graph.instantiate()  # earlier pieces were instantiated at their island
         self._bind_replay()
 
     def replay(self) -> None:
@@ -161,9 +212,13 @@ class NativeGraphImpl(GraphImpl):
     def reset(self) -> None:
         graph, self._graph = self._graph, None
         self.__dict__.pop("replay", None)
-        if graph is not None:
+        graphs = self._pieces.drop()
+        if graph is not None and not any(g is graph for g in graphs):
+            graphs.append(graph)
+        if graphs:
             self._backend.before_reset(self.device)
-            graph.reset()
+            for g in graphs:
+                g.reset()
             self._release()
         self._bytes = None
 
@@ -174,7 +229,7 @@ class NativeGraphImpl(GraphImpl):
 
     def __del__(self) -> None:
         # Pool bookkeeping only; torch's destructor frees the executable (and syncs on ROCm).
-        if self._graph is not None and not sys.is_finalizing():
+        if getattr(self, "_handle", None) is not None and not sys.is_finalizing():
             try:
                 self._release()
             except Exception:
@@ -186,21 +241,9 @@ class NativeGraphImpl(GraphImpl):
             self._graph.enable_debug_mode()
 
     def debug_dump(self, path: str) -> None:
-        if self._debug or self.keep_graph:
-            self._backend.dump_graph(self._graph, path)
-            return
-        # torch keeps nothing to dump unless debug mode was on before capture: say so in a DOT
-        # file rather than leave a missing file behind torch's warning.
-        warnings.warn(
-            f"debug_dump on {self.device}: call enable_debug_mode() before capture to get the "
-            f"kernel graph; wrote a placeholder to {path}",
-            stacklevel=3,
-        )
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(
-                f'digraph accel_graph {{\n  label="{self.device}: captured, debug mode was off; '
-                f'memory_bytes={self._bytes}";\n}}\n'
-            )
+        # torch keeps nothing to dump unless debug mode was on before capture (or keep_graph).
+        dump = self._backend.dump_graph if self._debug or self.keep_graph else None
+        pieces.debug_dump(self._pieces, self._graph, path, dump, f"{self.device}", self._bytes)
 
     def memory_bytes(self) -> int | None:
         return self._bytes
@@ -229,7 +272,7 @@ class NativeGraphBackend(NativeCaptureContext, Backend):
 
     def __init__(self) -> None:
         super().__init__()  # NativeCaptureContext: the capture table, the side streams
-        self.pools = NativePoolTable(self.name, lambda: self.module)
+        self.pools = NativePoolTable(self.name, lambda: self.module, self.module_name)
         self._specs: dict[int, DeviceSpec] = {}
 
     @property
@@ -312,6 +355,10 @@ class NativeGraphBackend(NativeCaptureContext, Backend):
     def before_reset(self, device: DeviceSpec) -> None:  # noqa: B027 - hip overrides
         """Called just before ``reset()`` drops a graph executable on ``device`` (hip
         synchronizes here). May run inside another capture: must not synchronize then."""
+
+    def island_device(self, device: DeviceSpec) -> torch.device:
+        """The torch device of ``device``: eager islands' arguments and outputs must be on it."""
+        return torch.device(device.device_type, device.index)
 
     def dump_graph(self, graph: Any, path: str) -> None:
         """Write torch's DOT dump of ``graph`` to ``path``."""
