@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import warnings
 from typing import Any
 
 import pytest
@@ -101,6 +102,10 @@ class FakeGraphBase:
         if mod.current_stream() != self._stream:
             raise RuntimeError("Capture must end on the same stream it began on.")
         mod.capturing = None
+        if mod.warn_empty and not self.work:
+            warnings.warn("The CUDA Graph is empty. This usually means that the graph was "
+                          "attempted to be captured on wrong device or stream.", UserWarning,
+                          stacklevel=2)
         if mod.fail_next_capture_end:
             mod.fail_next_capture_end = False
             raise RuntimeError("operation failed due to a previous error during capture")
@@ -174,6 +179,9 @@ class FakeDeviceModule:
         #: ``_cuda_beginAllocateCurrentThreadToPool``, see ``install_pool_routing``).
         self.routing: tuple[int, int] | None = None
         self.fail_next_capture_end = False
+        #: Warn as torch's capture_end does for a graph without work (``launch``): opt-in, since
+        #: most fake captures only ``allocate``.
+        self.warn_empty = False
         self.synced_since_last_reset = False
         self._user_ids = itertools.count(1)
         self._private_ids = itertools.count(1)

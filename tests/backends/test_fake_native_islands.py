@@ -437,3 +437,24 @@ def test_fake_xpu_pieces(monkeypatch: pytest.MonkeyPatch, native_registry: None)
         m.x.fill_(i + 1)
         g.replay()
         assert torch.equal(m.y, m.eager())
+
+
+def test_fake_empty_pieces_do_not_warn_but_an_empty_graph_does(cuda: FakeCudaModule) -> None:
+    import warnings
+
+    @accel_graph.eager_island
+    def plus(x: torch.Tensor) -> torch.Tensor:
+        return x + 1
+
+    cuda.warn_empty = True
+    x = torch.ones(1)
+    g = accel_graph.Graph(device="cuda:0")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with accel_graph.graph(g):  # island first and last: both pieces are empty
+            plus(x)
+    g.replay()
+    h = accel_graph.Graph(device="cuda:0")
+    with pytest.warns(UserWarning, match="Graph is empty"):
+        with accel_graph.graph(h):  # no island: torch's warning stays
+            pass
