@@ -273,10 +273,19 @@ def test_fake_pieces_share_one_pool_and_buffers_are_routed_into_it(
     x = torch.ones(2)
     g = accel_graph.Graph(device="cuda:0")
     with accel_graph.graph(g, capture_error_mode="thread_local"):
+        cuda.allocate(100)
         r = twice(x)
+        cuda.allocate(30)
         r2 = twice(r)
+        cuda.allocate(20)
         cuda.launch(lambda: r2.add_(0))
     pools = [fg._pool for fg in cuda.graphs]
+    # Bookkeeping: one Graph holds the pool once; its memory is every piece's.
+    assert g.memory_bytes() == 150
+    backend = get_backend("cuda")
+    assert list(backend.pools.held().values()) == [1]
+    stats = backend.pool_stats(g.pool())
+    assert stats is not None and stats.graphs == 1 and stats.reserved_bytes == 150
     assert len(pools) == 3 and len(set(pools)) == 1
     assert [c[1]["mode"] for fg in cuda.graphs for c in fg.calls if c[0] == "capture_begin"] == [
         "thread_local"] * 3
@@ -285,8 +294,12 @@ def test_fake_pieces_share_one_pool_and_buffers_are_routed_into_it(
     # Routing happened between a piece's end and the next one's begin, outside capture.
     kinds = [e for e, _ in cuda.log]
     assert kinds == ["replay", "begin_allocate_to_pool", "replay", "begin_allocate_to_pool", "captured"]
+    g.reset()
+    assert backend.pools.held() == {}
     assert cuda.pool_use[pools[0]] == 3  # the three pieces hold it; routing gave its use back
     assert g._impl._pieces.allocation == "routed"
+    g.reset()
+    assert backend.pools.held() == {} and cuda.pool_use[pools[0]] == 0
 
 
 def test_fake_without_routing_buffers_are_allocated_in_the_next_capture(cuda: FakeCudaModule) -> None:
