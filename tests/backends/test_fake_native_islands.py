@@ -473,3 +473,19 @@ def test_fake_empty_pieces_do_not_warn_but_an_empty_graph_does(cuda: FakeCudaMod
     with pytest.warns(UserWarning, match="Graph is empty"):
         with accel_graph.graph(h):  # no island: torch's warning stays
             pass
+
+
+@pytest.mark.filterwarnings("ignore:hip.*side stream:UserWarning")  # hip's advice, not ours
+def test_fake_hip_pieces(fake_rocm: FakeCudaModule, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(NativeGraphBackend, "island_device", lambda self, spec: torch.device("cpu"))
+    m = Model(fake_rocm)
+    g = accel_graph.Graph(device="cuda:0")
+    assert g.backend.name == "hip"
+    capture(g, m)
+    assert len(fake_rocm.graphs) == 2
+    for i in range(3):
+        m.x.fill_(i)
+        g.replay()
+        assert torch.equal(m.y, m.eager())
+    g.reset()  # hip synchronizes once before dropping the executables
+    assert [c for fg in fake_rocm.graphs for c in fg.calls if c[0] == "reset"] == [("reset", True), ("reset", False)]
