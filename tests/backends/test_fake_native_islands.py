@@ -489,3 +489,27 @@ def test_fake_hip_pieces(fake_rocm: FakeCudaModule, monkeypatch: pytest.MonkeyPa
         assert torch.equal(m.y, m.eager())
     g.reset()  # hip synchronizes once before dropping the executables
     assert [c for fg in fake_rocm.graphs for c in fg.calls if c[0] == "reset"] == [("reset", True), ("reset", False)]
+
+
+def test_fake_island_returning_a_static_tensor_of_the_graph_is_refused(cuda: FakeCudaModule) -> None:
+    """An output in the graph pool's memory (as torch's snapshot reports its segments) is a
+    static tensor of the graph: the caller would get a copy, and writes would miss it."""
+    static = torch.ones(4)
+
+    @accel_graph.eager_island
+    def leak(x: torch.Tensor) -> torch.Tensor:
+        return static
+
+    g = accel_graph.Graph(device="cuda:0")
+    with pytest.raises(CaptureError, match=r"leak.* sharing memory .*static tensor of the graph"):
+        with accel_graph.graph(g):
+            # FAKE: the tensor made in piece 0 lives in the graph's pool
+            cuda.segments.append({"device": 0, "address": static.untyped_storage().data_ptr(),
+                                  "total_size": static.untyped_storage().nbytes(),
+                                  "allocated_size": 16, "segment_pool_id": cuda.capturing._pool,
+                                  "blocks": []})
+            leak(torch.zeros(1))
+    assert g.state == "empty"
+    with accel_graph.graph(g):  # a fresh tensor is fine
+        r = accel_graph.eager_island(lambda x: x + 1)(torch.zeros(1))
+    assert torch.equal(r, torch.ones(1))

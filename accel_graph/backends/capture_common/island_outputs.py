@@ -206,10 +206,11 @@ def check_outputs(info: IslandInfo, leaves: list, args: Any, where: str, device:
         if x.untyped_storage().data_ptr() in arg_storages or (owns is not None and owns(x)):
             raise CaptureError(
                 f"eager island {info} (called at {where}) returned output {i} (shape "
-                f"{tuple(x.shape)}, {x.dtype}) sharing memory with one of its arguments: the "
-                f"rest of the graph reads a static copy of each island output, so a write "
-                f"through it would not reach the argument as it does in eager. Return a new "
-                f"tensor (x.clone()), or return nothing and use the argument itself")
+                f"{tuple(x.shape)}, {x.dtype}) sharing memory with one of its arguments (or a "
+                f"static tensor of the graph's pool): the rest of the graph reads a static copy "
+                f"of each island output, so a write through it would not reach that tensor as "
+                f"it does in eager. Return a new tensor (x.clone()), or return nothing and use "
+                f"the tensor itself")
 
 
 def describe_value(x: Any) -> str:

@@ -120,6 +120,9 @@ class NativeGraphImpl(GraphImpl):
         except RuntimeError as exc:
             raise begin_failed(self.device, exc) from exc
 
+    def pool_ranges(self) -> list[tuple[int, int]] | None:
+        return self._backend.pools.ranges(self._torch_id, self.device)
+
     def allocating_to_pool(self) -> AbstractContextManager[bool]:
         return self._backend.pools.allocating_to(self._torch_id, self.device)
 
@@ -157,7 +160,7 @@ class NativeGraphImpl(GraphImpl):
         if self._torch_id is not None:
             after = self._backend.pools.reserved(self._torch_id, self.device)
         self._bytes = None if after is None or self._before is None else after - self._before
-        self._pieces.over = True
+        self._pieces.end_capture()
         if not self.keep_graph:
             self._bind_replay()
 

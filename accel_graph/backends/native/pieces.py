@@ -14,7 +14,8 @@ capturing thread, :class:`Pieces` (the runner :class:`~.backend.NativeGraphImpl`
    modes (``running_island``: islands nested in it are plain calls; the control-flow mode is
    lifted, so ``torch.cond`` in it runs eagerly too);
 4. checks its outputs (``capture_common.island_outputs``: tensors or pytrees of them, None
-   allowed, on the graph's device, not an argument's memory, no grad), allocates static buffers
+   allowed, on the graph's device, not an argument's memory nor the graph pool's as torch's
+   snapshot reports its segments, no grad), allocates static buffers
    for them *in the graph's pool* and copies the outputs in;
 5. begins the next piece's torch graph in the same pool, with the same capture mode, and
    returns the buffers, in the island's structure, to the caller.
@@ -76,6 +77,8 @@ class PieceHost(Protocol):
     def begin_piece(self) -> None: ...
 
     def allocating_to_pool(self) -> contextlib.AbstractContextManager[bool]: ...
+
+    def pool_ranges(self) -> list[tuple[int, int]] | None: ...
 
 
 class IslandStep:
@@ -157,7 +160,8 @@ class Pieces:
         with (lifted(flow) if flow is not None else contextlib.nullcontext()), running_island():
             out = fn(*args, **kwargs)
         leaves, spec = pytree.tree_flatten(out)
-        check_outputs(info, leaves, (args, kwargs), where, device, grad and not inference)
+        check_outputs(info, leaves, (args, kwargs), where, device, grad and not inference,
+                      _in_ranges(host.pool_ranges()))
         outputs = [x for x in leaves if x is not None]
         slots: list[int | None] = []
         for x in leaves:
@@ -197,11 +201,16 @@ class Pieces:
                 for b, x in zip(buffers, outputs):
                     b.copy_(x)
 
-    def finish(self, last_graph: Any) -> Callable[[], None]:
-        """The capture ended with ``last_graph`` as its last piece: the replay of the whole
-        sequence (a closure over the pieces, the per-replay path)."""
+    def end_capture(self) -> None:
+        """The last piece's capture ended: islands are plain calls from now on, and the last
+        island's buffers get its capture values (as when routed; "in capture" only)."""
         self.over = True
-        self._pending = None  # nothing replays before the first replay, whose islands refill
+        self._copy_pending()
+
+    def finish(self, last_graph: Any) -> Callable[[], None]:
+        """The capture ended with ``last_graph`` as its last piece (instantiated): the replay of
+        the whole sequence (a closure over the pieces, the per-replay path)."""
+        self.over = True
         self.graphs.append(last_graph)
         return make_replay(self.graphs, self.steps)
 
@@ -274,6 +283,19 @@ def debug_dump(chain: Pieces, last: Any, path: str, dump: Callable[[Any, str], N
                  f"memory_bytes={nbytes}")
         with open(path, "w", encoding="utf-8") as out:
             out.write(chain.listing(files, title))
+
+
+def _in_ranges(ranges: list[tuple[int, int]] | None) -> Callable[[torch.Tensor], bool] | None:
+    """Whether a tensor's memory lies in one of ``ranges`` (the graph pool's segments: an
+    island output there is a static tensor of the graph, refused like an argument's memory)."""
+    if not ranges:
+        return None
+
+    def owns(x: torch.Tensor) -> bool:
+        p = x.untyped_storage().data_ptr()
+        return any(a <= p < b for a, b in ranges)
+
+    return owns
 
 
 def _buffers_like(outputs: list[torch.Tensor]) -> list[torch.Tensor]:

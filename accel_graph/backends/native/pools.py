@@ -257,6 +257,21 @@ class NativePoolTable:
             end(device.index, torch_id)
             release(device.index, torch_id)
 
+    def ranges(self, torch_id: tuple[int, int] | None, device: DeviceSpec) -> list[tuple[int, int]] | None:
+        """``[start, end)`` address ranges of torch pool ``torch_id``'s segments on ``device``
+        (None if unknown): whether a tensor lives in a graph's pool."""
+        segs = None if torch_id is None else self._segments(torch_id, device.index)
+        if segs is None:
+            return None
+        out = []
+        for s in segs:
+            try:
+                start = int(s["address"])
+            except (KeyError, TypeError, ValueError):
+                continue
+            out.append((start, start + int(s.get("total_size", 0))))
+        return out
+
     # -- memory ----------------------------------------------------------------------------
     def reserved(self, torch_id: tuple[int, int], device: DeviceSpec) -> int | None:
         """Bytes of segments torch's pool ``torch_id`` holds on ``device``; None if unknown."""
