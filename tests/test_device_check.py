@@ -207,3 +207,40 @@ def test_control_flow_child_runs_end_to_end_with_the_recorder_standing_in(
     facts = tool.child_control_flow(tmp_path, 1)["details"]
     assert facts["cond_checks"] == [True] * 4 and facts["while_checks"] == [True] * 3, facts
     assert facts["after_refusals_ok"] and facts["random_error"] is None  # the recorder allows it
+
+
+def test_islands_row_verdict_from_recorded_facts() -> None:
+    """The islands row's verdict on facts a GPU run would record (plumbing): every replay must
+    equal eager, a bad island output must be a ReplayError with a right replay after it."""
+    tool = load_tool()
+    assert "islands" in tool.ROWS and tool.CHILDREN["islands"] is tool.child_islands
+    assert tool.skip_reason("islands", {"native_backend": "xpu", "gpu_count": 1}) is None
+    assert tool.skip_reason("islands", {"native_backend": None}) == "skipped: no GPU"
+    good = {"checks": [True] * 8, "bad_output_error": ["ReplayError", "eager island ...", True],
+            "after_error_ok": True, "pieces": 2, "allocation": "routed", "replay_s": 2e-5,
+            "eager_s": 4e-5, "timed_calls": 200}
+    res = tool.islands_verdict(good)
+    assert res["status"] == "pass", res["summary"]
+    assert "8 replays (2 pieces, buffers routed) equal to eager" in res["summary"]
+    assert "20.0 us per replay vs 40.0 us eager (0.50x" in res["summary"]
+    for change, words in (({"checks": [True, False] * 4}, "do NOT equal eager"),
+                          ({"checks": []}, "do NOT equal eager"),
+                          ({"bad_output_error": None}, "not a ReplayError"),
+                          ({"bad_output_error": ["RuntimeError", "x", False]}, "not a ReplayError"),
+                          ({"after_error_ok": False}, "did not equal eager")):
+        res = tool.islands_verdict({**good, **change})
+        assert res["status"] == "fail" and words in res["summary"], (change, res["summary"])
+
+
+def test_islands_child_runs_end_to_end_with_the_recorder_standing_in(tmp_path: Path) -> None:
+    """The islands child's own code, run here with the recorder (which runs islands on every
+    device) standing in for the native backend: it must capture, replay, compare and time
+    without tripping over itself. Says nothing about GPU behaviour."""
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: the row runs for real in tools/device_check.py")
+    res = load_tool().child_islands(tmp_path, 5)
+    facts = res["details"]
+    assert res["status"] == "pass", res["summary"]
+    assert facts["backend"] == "recorder" and facts["checks"] == [True] * 8
+    assert facts["bad_output_error"][0] == "ReplayError" and facts["after_error_ok"]
+    assert facts["timed_calls"] == 5 and facts["replay_s"] > 0

@@ -38,6 +38,14 @@ or a hang in one row cannot stop the others; the exception or the output tail is
     while-node capture (2.13) and replay right where it has; after each refusal a new capture and
     the earlier graph still work. Where detection says cond is missing (ROCm, XPU, CUDA < 12.4),
     the expected outcome is the refusal.
+``islands``
+    eager islands on the native backend (issue 26): a small model whose middle is an
+    ``accel_graph.eager_island`` routing on values read on the host (``.item()``, ``nonzero``),
+    warmed up on the capture stream, captured in an ``accel_graph.Graph`` (one torch graph per
+    piece, all in one pool) and replayed with new inputs: each replay must equal eager bitwise;
+    an island output of another shape must raise ``ReplayError`` and the next replay must
+    still equal eager. Reported: seconds per replay and per eager step (N of each, device
+    synchronised once around each batch), and how the island buffers got into the pool.
 ``simulator_trace``
     a small workload recorded twice with torch's own recorder (``_record_memory_history`` +
     ``_snapshot()``), from an emptied cache, under native and then expandable segments; both
@@ -79,7 +87,7 @@ SCHEMA = "accel-graph.device-check"
 SCHEMA_VERSION = 1
 RESULT_PREFIX = "DEVICE_CHECK_RESULT "
 ROWS = ("conformance", "replay_overhead", "plugin_mempool", "plugin_process_swap", "simulator_trace",
-        "multi_gpu_collectives", "control_flow")
+        "multi_gpu_collectives", "control_flow", "islands")
 #: Wall-clock limit of each row's subprocess, seconds (the whole script stays under 5 minutes).
 TIMEOUTS = {
     "conformance": 170,
@@ -89,6 +97,7 @@ TIMEOUTS = {
     "simulator_trace": 30,
     "multi_gpu_collectives": 90,
     "control_flow": 40,
+    "islands": 60,
 }
 RATIO_TARGET = 1.05
 OVERHEAD_TARGET_US = 2.0
@@ -306,7 +315,7 @@ def skip_reason(row: str, env: dict[str, Any]) -> str | None:
         return "skipped: no GPU"
     if backend == "xpu" and row == "multi_gpu_collectives":
         return "skipped: needs CUDA or ROCm GPUs (the row drives NCCL/RCCL)"
-    if backend == "xpu" and row not in ("conformance", "control_flow"):
+    if backend == "xpu" and row not in ("conformance", "control_flow", "islands"):
         return "skipped: needs a CUDA or ROCm GPU (XPU has no CUDAPluggableAllocator)"
     if row == "multi_gpu_collectives" and int(env.get("gpu_count") or 0) < 2:
         return f"skipped: needs at least 2 GPUs, found {int(env.get('gpu_count') or 0)}"
@@ -836,6 +845,114 @@ def control_flow_verdict(facts: dict[str, Any]) -> dict[str, Any]:
     return _row("fail" if problems else "pass", summary, **facts)
 
 
+def child_islands(out: Path, iters: int) -> dict[str, Any]:
+    """Eager islands on the native backend (issue 26): capture a model with a host-reading
+    island between two pieces, replay with new inputs against eager (bitwise), a bad island
+    output (ReplayError, then a good replay), and the time per replay against an eager step.
+    Verdict: :func:`islands_verdict`."""
+    import torch
+
+    import accel_graph
+    from accel_graph.backends import select_backend
+    from accel_graph.errors import ReplayError
+
+    backend, dev = select_backend(None)
+    spec = backend.device_spec(dev)
+    dev = torch.device(spec.device_type, spec.index)
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    w1 = torch.randn(64, 64, generator=gen).to(dev)
+    w2 = torch.randn(64, 64, generator=gen).to(dev)
+    x = torch.empty(16, 64, device=dev)
+    bad = {"on": False}
+
+    @accel_graph.eager_island
+    def route(h: torch.Tensor) -> torch.Tensor:
+        # An MoE-style router: the chosen rows and a count read on the host.
+        k = int((h[:, 0] > 0).sum().item())
+        idx = torch.nonzero(h[:, 1] > 0).flatten()
+        out = torch.zeros_like(h)
+        out[idx] = h[idx] * 2.0
+        out = out * float(k + 1) / 17.0
+        return out[:-1].clone() if bad["on"] else out
+
+    def step() -> torch.Tensor:
+        h = torch.relu(x @ w1)
+        return torch.tanh(route(h) @ w2)
+
+    def fresh() -> None:
+        x.copy_(torch.randn(16, 64, generator=gen).to(dev))
+
+    facts: dict[str, Any] = {"backend": backend.name, "torch": torch.__version__}
+    fresh()
+    with torch.no_grad():
+        with backend.stream_context(backend.capture_stream(spec)):
+            for _ in range(3):
+                step()
+        backend.synchronize(spec)
+        g = accel_graph.Graph(device=dev)
+        with accel_graph.graph(g):
+            y = step()
+        pieces = getattr(getattr(g, "_impl", None), "_pieces", None)
+        facts["pieces"] = len(getattr(pieces, "graphs", [])) or None
+        facts["allocation"] = getattr(pieces, "allocation", None)
+        checks = []
+        for _ in range(8):
+            fresh()
+            g.replay()
+            backend.synchronize(spec)
+            checks.append(bool(torch.equal(y, step())))
+        facts["checks"] = checks
+        bad["on"] = True
+        fresh()
+        try:
+            g.replay()
+            facts["bad_output_error"] = None
+        except Exception as exc:
+            facts["bad_output_error"] = [type(exc).__name__, str(exc)[:300],
+                                         isinstance(exc, ReplayError)]
+        bad["on"] = False
+        backend.synchronize(spec)
+        fresh()
+        g.replay()
+        backend.synchronize(spec)
+        facts["after_error_ok"] = bool(torch.equal(y, step()))
+        n = max(1, min(iters, 200))
+        for name, fn in (("replay_s", g.replay), ("eager_s", step)):
+            backend.synchronize(spec)
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            backend.synchronize(spec)
+            facts[name] = (time.perf_counter() - t0) / n
+        facts["timed_calls"] = n
+    return islands_verdict(facts)
+
+
+def islands_verdict(facts: dict[str, Any]) -> dict[str, Any]:
+    """The ``islands`` row from what the child recorded: every replay equal to eager, a bad
+    island output a ``ReplayError`` after which a replay is right again. Times are reported,
+    not judged (no target in issue 26 for native replay)."""
+    problems: list[str] = []
+    checks = facts.get("checks") or []
+    if not checks or not all(checks):
+        problems.append(f"replays with islands do NOT equal eager ({checks}): a silent wrong result")
+    err = facts.get("bad_output_error")
+    if err is None or not err[2]:
+        problems.append(f"a bad island output at replay was not a ReplayError ({err})")
+    if not facts.get("after_error_ok"):
+        problems.append("the replay after the island's ReplayError did not equal eager")
+    times = ""
+    if facts.get("replay_s") and facts.get("eager_s"):
+        times = (f"; {facts['replay_s'] * 1e6:.1f} us per replay vs {facts['eager_s'] * 1e6:.1f} us "
+                 f"eager ({facts['replay_s'] / facts['eager_s']:.2f}x, {facts.get('timed_calls')} calls)")
+    if problems:
+        return _row("fail", "; ".join(problems) + times, **facts)
+    summary = (f"{len(checks)} replays ({facts.get('pieces')} pieces, buffers "
+               f"{facts.get('allocation')}) equal to eager bitwise; bad output -> ReplayError, "
+               f"next replay right{times}")
+    return _row("pass", summary, **facts)
+
+
 CHILDREN: dict[str, Callable[[Path, int], dict[str, Any]]] = {
     "replay_overhead": child_replay_overhead,
     "plugin_mempool": child_plugin_mempool,
@@ -844,6 +961,7 @@ CHILDREN: dict[str, Callable[[Path, int], dict[str, Any]]] = {
     "simulator_trace": child_simulator_trace,
     "multi_gpu_collectives": child_multi_gpu_collectives,
     "control_flow": child_control_flow,
+    "islands": child_islands,
 }
 
 

@@ -37,9 +37,17 @@ import torch
 import torch.utils._pytree as pytree
 
 from ..backends import select_backend
-from ..errors import ConfigError, ReplayError
+from ..backends.capture_common import islands
+from ..errors import CaptureError, ConfigError, ReplayError
 from .graph import graph_pool_handle
-from .graphed_capture import GraphedEntry, build_entries, capture_entries, device_of, warm_up
+from .graphed_capture import (
+    NO_ISLANDS,
+    GraphedEntry,
+    build_entries,
+    capture_entries,
+    device_of,
+    warm_up,
+)
 from .graphed_checks import check_autocast, describe
 
 __all__ = ["make_graphed_callables"]
@@ -199,6 +207,14 @@ def _native_make_graphed(backend: Any, device: torch.device | None) -> Callable[
     return getattr(module, "make_graphed_callables", None)
 
 
+def _island_refuser(dev: torch.device) -> Callable[..., Any]:
+    """An island runner refusing every island inside torch's ``make_graphed_callables``."""
+    def refuse(info: Any, fn: Any, args: tuple, kwargs: dict) -> Any:
+        raise CaptureError(f"eager island {info} called inside make_graphed_callables on {dev}: "
+                           f"{NO_ISLANDS}")
+    return refuse
+
+
 def _native_pool(backend: Any, device: torch.device, pool: object) -> object:
     """What torch's function takes as ``pool=``: a torch pool id. Our handles map to one."""
     if pool is None:
@@ -254,8 +270,19 @@ def make_graphed_callables(
     backend, dev = select_backend(device)
     native = _native_make_graphed(backend, device)
     if native is not None:
-        return native(callables, sample_args, num_warmup_iters, allow_unused_input,
-                      pool=_native_pool(backend, dev, pool))
+        torch_pool = _native_pool(backend, dev, pool)
+        # torch's own capture installs no island runner: an island would be captured inline
+        # and not run eagerly at replay. Refused for the whole call, as our capture refuses it.
+        refuse = _island_refuser(dev)
+        outer = islands.capture_runner()
+        islands.set_runner(refuse)
+        try:
+            return native(callables, sample_args, num_warmup_iters, allow_unused_input, pool=torch_pool)
+        finally:
+            if outer is not None:
+                islands.set_runner(outer)
+            else:
+                islands.clear_runner(refuse)
     if pool is None:
         pool = graph_pool_handle(dev)
     # Warm up where capture will run (a side stream on native devices; nothing on the recorder),

@@ -24,13 +24,13 @@ from .graph import Graph, graph
 from .graphed_checks import check_module, describe, flatten_args, output_leaves
 
 #: Why make_graphed_callables refuses eager islands (accel_graph.eager_island).
-_NO_ISLANDS = (
+NO_ISLANDS = (
     "make_graphed_callables replays each forward and backward as one whole graph inside an "
     "autograd.Function, and gradients cannot flow through an island (its outputs are copies "
     "made outside autograd). Call the island outside the graphed callable (graph the parts "
     "before and after it separately), or capture inference with accel_graph.Graph")
 
-__all__ = ["GraphedEntry", "build_entries", "capture_entries", "device_of", "warm_up"]
+__all__ = ["NO_ISLANDS", "GraphedEntry", "build_entries", "capture_entries", "device_of", "warm_up"]
 
 
 @dataclass
@@ -168,7 +168,7 @@ def capture_entries(entries: list[GraphedEntry], pool: object, device: torch.dev
     grad_on = torch.is_grad_enabled()
     for e in entries:
         e.fwd = Graph(device=device)
-        with graph(e.fwd, pool=pool), islands.refused(_NO_ISLANDS):
+        with graph(e.fwd, pool=pool), islands.refused(NO_ISLANDS):
             result = e.func(*e.args)
         leaves, e.out_spec = output_leaves(e.index, result)
         e.outputs = tuple(leaves)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import warnings
 from typing import Any
 
 import pytest
@@ -66,6 +67,8 @@ class FakeGraphBase:
         self._stream: FakeStream | None = None
         self.ended = False
         self.instantiated = False
+        #: FAKE kernels captured into this graph (``module.launch``): each replay runs them.
+        self.work: list[Any] = []
         self.module.graphs.append(self)
 
     def _begin(self, pool: tuple[int, int] | None, mode: str) -> None:
@@ -99,6 +102,10 @@ class FakeGraphBase:
         if mod.current_stream() != self._stream:
             raise RuntimeError("Capture must end on the same stream it began on.")
         mod.capturing = None
+        if mod.warn_empty and not self.work:
+            warnings.warn("The CUDA Graph is empty. This usually means that the graph was "
+                          "attempted to be captured on wrong device or stream.", UserWarning,
+                          stacklevel=2)
         if mod.fail_next_capture_end:
             mod.fail_next_capture_end = False
             raise RuntimeError("operation failed due to a previous error during capture")
@@ -116,6 +123,9 @@ class FakeGraphBase:
             raise RuntimeError("Called CUDAGraph::replay without a preceding successful capture.")
         self.calls.append(("replay", None))
         self.module.replays += 1
+        self.module.log.append(("replay", self))
+        for fn in self.work:
+            fn()
 
     def reset(self) -> None:
         mod = self.module
@@ -125,6 +135,7 @@ class FakeGraphBase:
             mod.pool_use[self._pool] -= 1
         self._pool = None
         self.ended = False
+        self.work = []
         self.calls.append(("reset", mod.synced_since_last_reset))
         mod.synced_since_last_reset = False
 
@@ -161,8 +172,16 @@ class FakeDeviceModule:
         self.pool_use: dict[tuple[int, int], int] = {}
         self.segments: list[dict[str, Any]] = []
         self.calls: list[tuple[str, Any]] = []
+        #: Graph events in order across graphs (``launch``/``replay``), for pieces tests.
+        self.log: list[tuple[str, Any]] = []
         self.replays = 0
+        #: The pool this thread's allocations are routed to outside capture (FAKE
+        #: ``_cuda_beginAllocateCurrentThreadToPool``, see ``install_pool_routing``).
+        self.routing: tuple[int, int] | None = None
         self.fail_next_capture_end = False
+        #: Warn as torch's capture_end does for a graph without work (``launch``): opt-in, since
+        #: most fake captures only ``allocate``.
+        self.warn_empty = False
         self.synced_since_last_reset = False
         self._user_ids = itertools.count(1)
         self._private_ids = itertools.count(1)
@@ -235,11 +254,25 @@ class FakeDeviceModule:
     def graph_pool_handle(self) -> tuple[int, int]:
         return (0, next(self._user_ids))
 
+    # -- FAKE kernels ---------------------------------------------------------------------------
+    def launch(self, fn: Any) -> None:
+        """Pretend ``fn`` (a Python function doing tensor work on the CPU) is a kernel launched
+        on the current stream: during a capture it is recorded into the capturing graph and runs
+        only at that graph's replays (stream capture runs nothing); outside it runs now."""
+        if self.capturing is not None:
+            self.capturing.work.append(fn)
+            self.log.append(("captured", self.capturing))
+        else:
+            fn()
+
     # -- toy allocator --------------------------------------------------------------------------
     def allocate(self, nbytes: int, device: int | None = None) -> None:
         """Pretend a tensor was allocated: a new segment in the capturing graph's pool (or the
-        default pool ``(0, 0)`` outside capture) on the current device."""
-        pool = self.capturing._pool if self.capturing is not None else (0, 0)
+        pool routed to, or the default pool ``(0, 0)`` outside capture) on the current device."""
+        if self.capturing is not None:
+            pool = self.capturing._pool
+        else:
+            pool = self.routing or (0, 0)
         self.segments.append({
             "device": self._current if device is None else device,
             "address": next(self._addr),
@@ -573,3 +606,35 @@ def install_torch_graph_hooks(fake: FakeDeviceModule, monkeypatch: pytest.Monkey
                      ("instantiate", instantiate), ("replay", replay_), ("reset", reset_)):
         monkeypatch.setattr(cls, name, fn)
     return registries
+
+
+# -- FAKE allocate-to-pool routing (issue 26: island buffers in the graph's pool) --------------
+def install_pool_routing(fake: FakeDeviceModule, monkeypatch: pytest.MonkeyPatch, prefix: str = "cuda"
+                         ) -> list[tuple[str, Any]]:
+    """Give ``torch._C`` FAKE ``_<prefix>_beginAllocateCurrentThreadToPool`` /
+    ``_<prefix>_endAllocateToPool`` / ``_<prefix>_releasePool`` (torch 2.13's names; a CPU
+    build has raising stand-ins) that route ``fake.allocate`` into the pool and count its uses
+    as torch's ``create_or_incref_pool`` / ``releasePool`` do. Returns the call log. Plumbing
+    only: the CPU tensors the backend makes are not in any device pool."""
+    log: list[tuple[str, Any]] = []
+
+    def begin(device: int, pool: tuple[int, int]) -> None:
+        assert fake.capturing is None or fake.capturing._pool != tuple(pool), (
+            "beginAllocateToPool: already recording to mempool_id")
+        fake.routing = tuple(pool)
+        fake.pool_use[tuple(pool)] = fake.pool_use.get(tuple(pool), 0) + 1
+        log.append(("begin", (device, tuple(pool))))
+        fake.log.append(("begin_allocate_to_pool", tuple(pool)))
+
+    def end(device: int, pool: tuple[int, int]) -> None:
+        fake.routing = None
+        log.append(("end", (device, tuple(pool))))
+
+    def release(device: int, pool: tuple[int, int]) -> None:
+        fake.pool_use[tuple(pool)] -= 1
+        log.append(("release", (device, tuple(pool))))
+
+    for name, fn in (("beginAllocateCurrentThreadToPool", begin), ("endAllocateToPool", end),
+                     ("releasePool", release)):
+        monkeypatch.setattr(torch._C, f"_{prefix}_{name}", fn, raising=False)
+    return log

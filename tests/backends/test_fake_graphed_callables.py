@@ -76,3 +76,26 @@ def test_validation_runs_before_routing(vendor: tuple[str, Spy]) -> None:
     with pytest.raises(ConfigError, match="sample_args has 1"):
         accel_graph.make_graphed_callables((_fn, _fn), ((),))
     assert spy.calls == []
+
+
+def test_an_island_inside_torchs_make_graphed_callables_is_refused(vendor: tuple[str, Spy]) -> None:
+    """torch's own function captures without an island runner (an island would be captured
+    inline, not run eagerly at replay): the call runs with a refusing runner installed."""
+    name, spy = vendor
+    hits: list[int] = []
+
+    @accel_graph.eager_island
+    def island(x: torch.Tensor) -> torch.Tensor:
+        hits.append(1)
+        return x + 1
+
+    def torch_like(fn: Any, args: tuple, *rest: Any, **kw: Any) -> Any:
+        spy.calls.append(((fn, args), kw))
+        return fn(*args)  # torch runs the callable (warm-up, capture) inside its call
+
+    mod = getattr(torch, "xpu" if name == "xpu" else "cuda")
+    mod.make_graphed_callables = torch_like  # the fixture's monkeypatch restores torch's
+    with pytest.raises(accel_graph.CaptureError, match=r"eager island .*island.* inside make_graphed_callables"):
+        accel_graph.make_graphed_callables(lambda: island(torch.ones(1)) * 2, ())
+    assert hits == [] and len(spy.calls) == 1
+    assert torch.equal(island(torch.ones(1)), torch.tensor([2.0]))  # a plain call again

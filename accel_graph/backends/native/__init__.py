@@ -14,7 +14,7 @@ from ...foundation.lazy import lazy_exports
 
 _LAZY: dict[str, str] = {
     "NativeGraphBackend": ".backend",
-    "NativeGraphImpl": ".backend",
+    "NativeGraphImpl": ".graph_impl",
 }
 
 __getattr__, __dir__ = lazy_exports(__name__, _LAZY)

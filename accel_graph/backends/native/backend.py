@@ -1,5 +1,5 @@
-"""The native graph backends' shared base: :class:`NativeGraphBackend` and :class:`NativeGraphImpl`,
-over torch's own graph classes (``torch.cuda.CUDAGraph``, ``torch.xpu.XPUGraph``,
+"""The native graph backends' shared base: :class:`NativeGraphBackend` (its graphs are
+:class:`~.graph_impl.NativeGraphImpl`), over torch's own graph classes (``torch.cuda.CUDAGraph``, ``torch.xpu.XPUGraph``,
 ``torch.accelerator.Graph``). The cuda, hip and xpu backends subclass the backend and state only
 their differences.
 
@@ -14,12 +14,12 @@ hosts may run torch 2.11.
 Beside it: pool handles and pool memory (:mod:`.pools`, ``backend.pools``); who captures where,
 the side streams and the cleanup before a capture (:mod:`.capture_context`, a mix-in of the
 backend); torch's errors as ``CaptureError`` (:mod:`.capture_errors`); what torch's graph classes
-accept (:mod:`.torch_graphs`).
+accept (:mod:`.torch_graphs`); one graph's capture lifecycle (:mod:`.graph_impl`) and its pieces
+around eager islands (:mod:`.pieces`).
 """
 
 from __future__ import annotations
 
-import sys
 import warnings
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from ...errors import AccelGraphError, BackendUnavailable, CaptureError
+from ...errors import BackendUnavailable
 from ...foundation.compile_options import CompileOptions
 from .. import presence
 from ..base import (
@@ -38,172 +38,12 @@ from ..base import (
     PoolHandle,
     PoolStats,
 )
-from ..capture_common import islands as island_marks
 from . import control_flow as control_flow
 from . import control_flow_support as cf_support
 from .capture_context import NativeCaptureContext
-from .capture_errors import begin_failed, end_capture_quietly, end_failed
+from .graph_impl import NativeGraphImpl
 from .pools import NativePoolTable
 from .torch_graphs import CUDA_GRAPH_CAPABILITIES, begin_params
-
-
-class NativeGraphImpl(GraphImpl):
-    """One graph on a torch graph class. Holds a torch graph object only while captured; each
-    capture uses a fresh one, so an aborted capture never leaves a half-used object behind.
-
-    Calls only the backend's policy methods, its mechanism hooks and ``backend.pools``."""
-
-    def __init__(self, backend: NativeGraphBackend, device: DeviceSpec, *, keep_graph: bool) -> None:
-        super().__init__(device, keep_graph=keep_graph)
-        self._backend = backend
-        self._graph: Any = None
-        self._handle: PoolHandle | None = None
-        self._torch_id: tuple[int, int] | None = None
-        self._before: int | None = None
-        self._bytes: int | None = None
-        self._debug = False
-        self._flow: control_flow.ControlFlowMode | None = None  # torch.cond & co during capture
-        self._stream: Any = None  # the stream the capture underway began on
-        self._island_refusal: Any = None  # refuses eager islands while a capture is underway
-
-    def capture_begin(self, pool: PoolHandle | None, capture_error_mode: str) -> None:
-        b, pools = self._backend, self._backend.pools
-        b.refuse_nested(self.device)
-        b.check_current_device(self.device)
-        mode = b.vendor_mode(capture_error_mode)
-        if pool is None:
-            pool = pools.private_handle(self.device)
-        torch_id = pools.torch_id(pool)
-        try:
-            self._before = 0 if torch_id is None else pools.reserved(torch_id, self.device)
-            graph = b.new_torch_graph(self.keep_graph, torch_id, mode)
-            if self._debug:
-                graph.enable_debug_mode()
-            self.register_generators_with(graph)
-            b.begin_capture(graph, torch_id, mode)
-            self._stream = b.current_stream(self.device)  # for end_capture_quietly
-        except BaseException as exc:
-            pools.unused(pool)  # no graph holds it: forget the bookkeeping entry
-            if isinstance(exc, RuntimeError) and not isinstance(exc, AccelGraphError):
-                raise begin_failed(self.device, exc) from exc
-            raise
-        self._graph, self._handle, self._torch_id = graph, pool, torch_id
-        pools.captured(pool)
-        b.capture_started(self)
-        self._flow = control_flow.start(b.control_flow_support(), self.device)
-        # An island called here would be captured inline, not run eagerly at each replay (a
-        # silently different graph): refused until native pieces exist (issue 26).
-        self._island_refusal = island_marks.set_runner(self._refuse_island)
-
-    def _refuse_island(self, info: Any, fn: Any, args: tuple, kwargs: dict) -> Any:
-        raise CaptureError(
-            f"eager island {info} called in a {self._backend.name} capture: native backends do "
-            f"not run islands between graph pieces yet, so it would be captured, not run eagerly "
-            f"at each replay. Capture on the recorder (ACCEL_GRAPH_BACKEND=recorder), or call it "
-            f"outside the graph.")
-
-    def _stop_refusing_islands(self) -> None:
-        if self._island_refusal is not None:
-            island_marks.clear_runner(self._island_refusal)
-            self._island_refusal = None
-
-    def pool(self) -> PoolHandle:
-        assert self._handle is not None  # the front end asks only after capture_begin
-        return self._handle
-
-    def capture_end(self) -> None:
-        self._stop_refusing_islands()
-        control_flow.end(self._flow)  # raises if an error left a conditional body
-        self._flow = None
-        try:
-            self._graph.capture_end()
-            self._backend.capture_stopped(self)
-        except RuntimeError as exc:
-            raise end_failed(self.device, exc) from exc
-        if self._torch_id is None and self._handle is not None:
-            self._torch_id = self._backend.pools.learned(self._handle, self._graph)
-        after = None
-        if self._torch_id is not None:
-            after = self._backend.pools.reserved(self._torch_id, self.device)
-        self._bytes = None if after is None or self._before is None else after - self._before
-        if not self.keep_graph:
-            self._bind_replay()
-
-    def _bind_replay(self) -> None:
-        # An instance attribute shadows the method: replay() is then torch's own bound method,
-        # one Python frame less on the hot path.
-        self.replay = self._graph.replay  # type: ignore[method-assign]
-
-    def abort_capture(self) -> None:
-        self._stop_refusing_islands()
-        graph, self._graph = self._graph, None
-        self.__dict__.pop("replay", None)
-        control_flow.stop(self._flow)
-        self._flow = None
-        self._backend.capture_stopped(self)
-        if graph is None:
-            return
-        stream, self._stream = self._stream, None
-        end_capture_quietly(self._backend, stream, graph)
-        try:
-            graph.reset()
-        except Exception:
-            pass
-        self._release()
-
-    def instantiate(self) -> None:
-        self._graph.instantiate()
-        self._bind_replay()
-
-    def replay(self) -> None:
-        self._graph.replay()
-
-    def reset(self) -> None:
-        graph, self._graph = self._graph, None
-        self.__dict__.pop("replay", None)
-        if graph is not None:
-            self._backend.before_reset(self.device)
-            graph.reset()
-            self._release()
-        self._bytes = None
-
-    def _release(self) -> None:
-        if self._handle is not None:
-            self._backend.pools.released(self._handle)
-        self._handle = self._torch_id = None
-
-    def __del__(self) -> None:
-        # Pool bookkeeping only; torch's destructor frees the executable (and syncs on ROCm).
-        if self._graph is not None and not sys.is_finalizing():
-            try:
-                self._release()
-            except Exception:
-                pass
-
-    def enable_debug_mode(self) -> None:
-        self._debug = True
-        if self._graph is not None:
-            self._graph.enable_debug_mode()
-
-    def debug_dump(self, path: str) -> None:
-        if self._debug or self.keep_graph:
-            self._backend.dump_graph(self._graph, path)
-            return
-        # torch keeps nothing to dump unless debug mode was on before capture: say so in a DOT
-        # file rather than leave a missing file behind torch's warning.
-        warnings.warn(
-            f"debug_dump on {self.device}: call enable_debug_mode() before capture to get the "
-            f"kernel graph; wrote a placeholder to {path}",
-            stacklevel=3,
-        )
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(
-                f'digraph accel_graph {{\n  label="{self.device}: captured, debug mode was off; '
-                f'memory_bytes={self._bytes}";\n}}\n'
-            )
-
-    def memory_bytes(self) -> int | None:
-        return self._bytes
 
 
 class NativeGraphBackend(NativeCaptureContext, Backend):
@@ -229,7 +69,7 @@ class NativeGraphBackend(NativeCaptureContext, Backend):
 
     def __init__(self) -> None:
         super().__init__()  # NativeCaptureContext: the capture table, the side streams
-        self.pools = NativePoolTable(self.name, lambda: self.module)
+        self.pools = NativePoolTable(self.name, lambda: self.module, self.module_name)
         self._specs: dict[int, DeviceSpec] = {}
 
     @property
@@ -312,6 +152,10 @@ class NativeGraphBackend(NativeCaptureContext, Backend):
     def before_reset(self, device: DeviceSpec) -> None:  # noqa: B027 - hip overrides
         """Called just before ``reset()`` drops a graph executable on ``device`` (hip
         synchronizes here). May run inside another capture: must not synchronize then."""
+
+    def island_device(self, device: DeviceSpec) -> torch.device:
+        """The torch device of ``device``: eager islands' arguments and outputs must be on it."""
+        return torch.device(device.device_type, device.index)
 
     def dump_graph(self, graph: Any, path: str) -> None:
         """Write torch's DOT dump of ``graph`` to ``path``."""

@@ -265,7 +265,7 @@ _HANDLERS: dict[str, Callable[[ControlFlowMode, HigherOrderOperator, tuple, dict
 }
 
 
-# -- lifecycle (called by backends/native/backend.py) -----------------------------------------------
+# -- lifecycle (called by backends/native/graph_impl.py) --------------------------------------------
 def start(support: ControlFlowSupport, device: object) -> ControlFlowMode | None:
     """Enter a fresh mode on this thread for a capture beginning on ``device``; modes left on
     this thread's stack by captures that ended elsewhere are taken off first. None (no mode:

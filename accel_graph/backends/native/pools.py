@@ -14,11 +14,14 @@ whole ``memory._snapshot()`` filtered by ``segment_pool_id`` on torch versions w
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
+
+import torch
 
 from ...errors import PoolError
 from ..base import DeviceSpec, PoolHandle, PoolStats
@@ -48,9 +51,12 @@ class NativePoolTable:
     can substitute fakes). Thread-safe.
     """
 
-    def __init__(self, backend_name: str, module: Callable[[], Any]) -> None:
+    def __init__(self, backend_name: str, module: Callable[[], Any], module_name: str = "cuda") -> None:
         self.backend_name = backend_name
         self._module = module
+        #: ``torch._C._<module_name>_beginAllocateCurrentThreadToPool`` & co route allocations
+        #: into a pool outside capture (:meth:`allocating_to`).
+        self._module_name = module_name
         # Reentrant: a graph's __del__ releases its pool and may run from a garbage collection
         # triggered while this thread already holds the lock.
         self._lock = threading.RLock()
@@ -222,6 +228,48 @@ class NativePoolTable:
             if index is not None and s.get("device", index) != index:
                 continue
             out.append(s)
+        return out
+
+    @contextlib.contextmanager
+    def allocating_to(self, torch_id: tuple[int, int] | None, device: DeviceSpec) -> Iterator[bool]:
+        """Route this thread's allocations on ``device`` into torch pool ``torch_id`` for the
+        block, outside any capture; yields whether it does.
+
+        torch's own mechanism, as ``torch.cuda.use_mem_pool`` and the cudagraph trees use it:
+        ``torch._C._<cuda|xpu>_beginAllocateCurrentThreadToPool(device, id)`` (which joins the
+        pool: increments its use count), then ``_endAllocateToPool`` and ``_releasePool``.
+        Feature-detected by calling it: missing functions, CPU-build stand-ins (they raise
+        ``RuntimeError``) or ``torch_id`` None yield False, and nothing was routed."""
+        names = (f"_{self._module_name}_beginAllocateCurrentThreadToPool",
+                 f"_{self._module_name}_endAllocateToPool", f"_{self._module_name}_releasePool")
+        begin, end, release = (getattr(torch._C, n, None) for n in names)
+        if torch_id is None or not (callable(begin) and callable(end) and callable(release)):
+            yield False
+            return
+        try:
+            begin(device.index, torch_id)
+        except (RuntimeError, TypeError):  # a dummy of a build without the device, an old torch
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            end(device.index, torch_id)
+            release(device.index, torch_id)
+
+    def ranges(self, torch_id: tuple[int, int] | None, device: DeviceSpec) -> list[tuple[int, int]] | None:
+        """``[start, end)`` address ranges of torch pool ``torch_id``'s segments on ``device``
+        (None if unknown): whether a tensor lives in a graph's pool."""
+        segs = None if torch_id is None else self._segments(torch_id, device.index)
+        if segs is None:
+            return None
+        out = []
+        for s in segs:
+            try:
+                start = int(s["address"])
+            except (KeyError, TypeError, ValueError):
+                continue
+            out.append((start, start + int(s.get("total_size", 0))))
         return out
 
     # -- memory ----------------------------------------------------------------------------
