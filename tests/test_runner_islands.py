@@ -11,14 +11,13 @@ from typing import Any
 
 import pytest
 import torch
+from moe_models import MOE_FAMILIES, build_moe
 from torch import nn
 
 import accel_graph
 from accel_graph.errors import CaptureError, ConfigError
 from accel_graph.graphs.islands import is_eager_island
 from accel_graph.runner.islands import RunnerIslands, resolve_islands
-
-from moe_models import MOE_FAMILIES, build_moe
 
 
 def doubled_rows(x: torch.Tensor) -> torch.Tensor:
