@@ -245,3 +245,41 @@ def test_lazy_capture_with_islands_keeps_a_prefilled_transformers_cache_exact() 
             tok, ref_tok = logits.argmax(-1), want.argmax(-1)
     assert {int(layer.cumulative_length) for layer in cache.layers} == {4 + 5}
     assert runner.captured_buckets == [2] and runner.stats()["eager_calls"] == 0
+
+
+def test_check_capturable_advice_names_the_runner_form_and_following_it_captures() -> None:
+    model = _net()
+    text = accel_graph.check_capturable(model, torch.zeros(2, 4), steps=1).format()
+    assert "GraphRunner(..., islands=[<class>])" in text
+    assert "mark Net.gate (Gate) as an eager island" in text and "islands=[Gate]" in text
+    runner = accel_graph.GraphRunner(model, (torch.zeros(1, 4),), buckets=[1, 2, 4],
+                                     islands=[Gate]).capture()
+    assert runner.captured_buckets == [1, 2, 4]
+    _serve_and_compare(runner, model)
+
+
+def test_compiled_capture_with_islands_puts_back_what_it_wrote() -> None:
+    """compile="inductor": each stretch between islands is its own program; the capture's real
+    run of the pieces is put back all the same, and replays equal eager at the padded shape
+    within the per-dtype tolerances (Inductor's kernels are not bitwise the eager ones)."""
+    model = _net()
+    runner = accel_graph.GraphRunner(_cache_step(model), (torch.zeros(1, 4),), buckets=[1, 2],
+                                     state=Cache, islands=[Gate], compile="inductor").capture()
+    assert runner.captured_buckets == [1, 2]
+    info = runner.graph(2).compile_info()
+    assert info["host_steps"] == 1 and not info.get("fallback"), info
+    assert [int(runner.state(b).length) for b in (1, 2)] == [1, 1]  # the warm-up's step only
+    eager = {b: Cache(b) for b in (1, 2)}
+    for b in (1, 2):
+        eager[b].keys.copy_(runner.state(b).keys)
+        eager[b].length.copy_(runner.state(b).length)
+    step = _cache_step(model)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for n in (1, 2, 2, 1):
+            x = torch.randn(n, 4, generator=gen)
+            torch.testing.assert_close(runner(x), step(x, state=eager[n]))
+    for b in (1, 2):
+        torch.testing.assert_close(runner.state(b).keys, eager[b].keys)
+        assert int(runner.state(b).length) == int(eager[b].length) == 3, b
+    assert runner.stats()["eager_calls"] == 0
