@@ -283,3 +283,35 @@ def test_compiled_capture_with_islands_puts_back_what_it_wrote() -> None:
         torch.testing.assert_close(runner.state(b).keys, eager[b].keys)
         assert int(runner.state(b).length) == int(eager[b].length) == 3, b
     assert runner.stats()["eager_calls"] == 0
+
+
+@pytest.mark.parametrize("family", sorted(MOE_FAMILIES))
+def test_the_experts_class_as_island_decodes_equal_to_eager(family: str) -> None:
+    """The smallest island check_capturable names (the experts module, by class): the router
+    and Qwen2-MoE's shared expert stay in the graph; tokens and logits equal eager decoding."""
+    from transformers import StaticCache
+
+    model, config = build_moe(family)
+    experts = type(model.model.layers[0].mlp.experts)
+    assert experts.__name__ == MOE_FAMILIES[family].experts
+    before = vars(experts).get("forward")
+
+    def decode_step(input_ids: torch.Tensor, *, state: Any) -> torch.Tensor:
+        return model(input_ids=input_ids, cache=state).logits[:, -1]
+
+    runner = accel_graph.GraphRunner(
+        decode_step, (torch.zeros(1, 1, dtype=torch.long),), buckets=[2],
+        state=lambda b: StaticCache(config=config, max_cache_len=16), islands=[experts]).capture()
+    assert runner.captured_buckets == [2]
+    prompts = torch.randint(0, 128, (2, 4), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        cache, ref = runner.state(2), StaticCache(config=config, max_cache_len=16)
+        cache.reset()
+        tok = model(prompts, cache=cache).logits[:, -1].argmax(-1)
+        model(prompts, cache=ref)
+        for _ in range(4):
+            logits = runner(tok[:, None])
+            assert torch.equal(logits, model(tok[:, None], cache=ref).logits[:, -1])
+            tok = logits.argmax(-1)
+    assert runner.stats()["eager_calls"] == 0
+    assert vars(experts).get("forward") is before  # the class is as it was
