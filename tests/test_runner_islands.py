@@ -315,3 +315,25 @@ def test_the_experts_class_as_island_decodes_equal_to_eager(family: str) -> None
             tok = logits.argmax(-1)
     assert runner.stats()["eager_calls"] == 0
     assert vars(experts).get("forward") is before  # the class is as it was
+
+
+class Hits(nn.Module):
+    """An island whose output shape follows the data (the positive entries' indices)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x > 0).nonzero().to(x.dtype)
+
+
+def test_an_island_output_of_another_shape_raises_from_the_call_and_the_next_call_works() -> None:
+    """No eager fallback for that call: the pieces before the island already ran (their writes
+    to state happened), so running the step eagerly as well would apply them twice."""
+    model = nn.Sequential(nn.Identity(), Hits())
+    runner = accel_graph.GraphRunner(model, (torch.ones(2, 3),), buckets=[2], islands=[Hits],
+                                     output_batch_dim=None, verify=False).capture()
+    assert runner.captured_buckets == [2]
+    x = torch.ones(2, 3)
+    assert torch.equal(runner(x), model(x))
+    with pytest.raises(accel_graph.ReplayError, match=r"eager island Hits\.forward .* shape \(3, 2\)"):
+        runner(torch.tensor([[1.0, -1, -1], [1, 1, -1]]))
+    y = torch.tensor([[2.0, 1, 3], [1, 4, 5]])
+    assert torch.equal(runner(y), model(y)) and runner.captured_buckets == [2]
