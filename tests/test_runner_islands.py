@@ -337,3 +337,33 @@ def test_an_island_output_of_another_shape_raises_from_the_call_and_the_next_cal
         runner(torch.tensor([[1.0, -1, -1], [1, 1, -1]]))
     y = torch.tensor([[2.0, 1, 3], [1, 4, 5]])
     assert torch.equal(runner(y), model(y)) and runner.captured_buckets == [2]
+
+
+class Counter:
+    def __init__(self, bucket: int) -> None:
+        self.n = torch.zeros((), dtype=torch.long)
+
+
+def _counted_hits(x: torch.Tensor, *, state: Counter) -> torch.Tensor:
+    state.n += 1  # written before the island: by the replay's first piece
+    return Hits()(x * 1) + state.n
+
+
+def test_a_checked_replay_that_raises_disables_the_bucket_and_applies_the_step_once() -> None:
+    """On a verified replay, the island's ReplayError is a failed check: the bucket is disabled
+    with the island's error, the call returns eager's result, and the state holds eager's writes
+    only (the replay's first piece had already counted)."""
+    runner = accel_graph.GraphRunner(_counted_hits, (torch.ones(2, 3),), buckets=[2],
+                                     islands=[Hits], output_batch_dim=None, state=Counter).capture()
+    runner.state(2).n.zero_()
+    ref = Counter(2)
+    x = torch.tensor([[1.0, -1, -1], [1, 1, -1]])  # 3 hits where capture saw 6
+    with torch.no_grad():
+        assert torch.equal(runner(x), _counted_hits(x, state=ref))
+    assert int(runner.state(2).n) == int(ref.n) == 1
+    assert runner.captured_buckets == []
+    reason = runner.stats()["eager_fallbacks"][0]["reason"]
+    assert "ReplayError" in reason and "Hits.forward" in reason, reason
+    with torch.no_grad():  # the padded fallback serves on, with the same state
+        assert torch.equal(runner(torch.ones(2, 3)), _counted_hits(torch.ones(2, 3), state=ref))
+    assert int(runner.state(2).n) == 2
