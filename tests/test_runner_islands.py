@@ -367,3 +367,15 @@ def test_a_checked_replay_that_raises_disables_the_bucket_and_applies_the_step_o
     with torch.no_grad():  # the padded fallback serves on, with the same state
         assert torch.equal(runner(torch.ones(2, 3)), _counted_hits(torch.ones(2, 3), state=ref))
     assert int(runner.state(2).n) == 2
+
+
+def test_two_runners_naming_one_class_share_its_wrapper_until_the_last_capture_ends() -> None:
+    plain = vars(Gate)["forward"]
+    a, b = resolve_islands([Gate]), resolve_islands([Gate, SubGate])
+    with a.marking():
+        wrapped = vars(Gate)["forward"]
+        assert wrapped is not plain and wrapped.__wrapped__ is plain
+        with b.marking():
+            assert vars(Gate)["forward"] is wrapped  # shared, not wrapped twice
+        assert vars(Gate)["forward"] is wrapped  # a's capture still runs
+    assert vars(Gate)["forward"] is plain and not hasattr(SubGate.forward, "__wrapped__")

@@ -140,8 +140,8 @@ class RunnerIslands:
         if not self.targets:
             yield
             return
-        places = [p for t in self.targets for p in _places(t)]
-        with _lock:
+        with _lock:  # found and wrapped under the lock: another runner may be (un)wrapping them
+            places = [p for t in self.targets for p in _places(t)]
             patches = [_install(owner, attr, original, info) for owner, attr, original, info in places]
         active = getattr(_tls, "active", None)
         if active is None:
