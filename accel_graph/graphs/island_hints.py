@@ -246,8 +246,9 @@ def island_advice(islands: list[dict[str, Any] | None]) -> list[str]:
             enclosing.setdefault(island["class"], island["within"][0])
     if not by_class and not outside:
         return []
-    lines = ["Eager islands (accel_graph.eager_island) that would run these ops eagerly between "
-             "captured pieces:"]
+    lines = ["Eager islands (accel_graph.eager_island; serving with a GraphRunner, "
+             "GraphRunner(..., islands=[<class>]) marks every instance of a class for all of "
+             "its captures) that would run these ops eagerly between captured pieces:"]
     for cls, paths in by_class.items():
         names, count = list(paths), sum(paths.values())
         if len(names) == 1:
@@ -255,11 +256,12 @@ def island_advice(islands: list[dict[str, Any] | None]) -> list[str]:
             outer = enclosing.get(cls)
             if outer is not None:
                 line += f"; the enclosing {outer['path']} ({outer['class']}) would do too"
+            line += f"; in a GraphRunner: islands=[{cls}]"
         else:
             shown = ", ".join(names[:3]) + (f", ... ({len(names)} modules)" if len(names) > 3 else "")
             line = (f"  mark {shown} ({cls}) as eager islands, or every {cls} "
-                    f"(accel_graph.eager_island(m) for each {cls} m in model.modules()) "
-                    f"({count} finding(s))")
+                    f"(GraphRunner(..., islands=[{cls}]), or accel_graph.eager_island(m) for "
+                    f"each {cls} m in model.modules()) ({count} finding(s))")
             outer = enclosing.get(cls)
             if outer is not None:
                 line += f"; the enclosing {outer['class']} would do too"

@@ -17,6 +17,7 @@ from ..errors import AccelGraphError, CaptureError, ConfigError, OutOfMemoryErro
 from ..foundation.gc_pause import gc_paused
 from ..graphs.graph import Graph, graph, resolved_graph
 from .group import CODE_FAILED, CODE_OK, CODE_RAISED, check_same_setup, exchange
+from .islands import IslandProbe
 from .rows import rows_apply
 from .runtime import Bucket, RunnerRuntime
 from .state import state_tensors
@@ -138,22 +139,56 @@ def _warm_and_capture(rt: RunnerRuntime, bucket: Bucket, undo_warmup: bool) -> N
     spec = backend.device_spec(opts.device)
     # Warm-up on the stream capture will use (per-stream library handles, e.g. hipBLASLt, must
     # exist before capture): workspaces, lazy init, algorithm choice; and, on native backends,
-    # both branches of every torch.cond (control_flow_warmup), not only the one taken.
-    undo = UndoLog() if undo_warmup else contextlib.nullcontext()
+    # both branches of every torch.cond (control_flow_warmup), not only the one taken. The
+    # probe says whether the step calls eager islands (islands= or marked for good).
+    undo = UndoLog() if undo_warmup else None
+    probe = IslandProbe()
     try:
-        with torch.no_grad(), backend.stream_context(backend.capture_stream(spec)), undo, \
-                backend.control_flow_warmup(spec):
+        with torch.no_grad(), backend.stream_context(backend.capture_stream(spec)), \
+                (undo if undo is not None else contextlib.nullcontext()), \
+                backend.control_flow_warmup(spec), opts.islands.marking(), probe.watching():
             warm = opts.fn(*args, **kwargs)
     except (OutOfMemoryError, torch.OutOfMemoryError, MemoryError) as exc:
         disable_bucket(rt, bucket, "failed", f"eager warm-up ran out of memory: {reason_of(exc)}", exc)
         return
     finally:
-        if isinstance(undo, UndoLog):
+        if undo is not None:
             undo.restore()
     _check_outputs(rt, warm, b)
     warm_leaves, warm_spec = pytree.tree_flatten(warm)
     warm_shapes = [(x.shape, x.dtype) for x in warm_leaves]
     del warm, warm_leaves
+    if probe.seen and undo is None:
+        undo = _writes_of_step(rt, args, kwargs)
+    try:
+        _capture(rt, bucket, args, kwargs, warm_spec, warm_shapes)
+    finally:
+        if probe.seen and undo is not None:
+            # Capture with islands ran each piece and island once for real (the islands'
+            # warm-up): put back every tensor they wrote, as a step from this same state
+            # writes (the log's), so capture leaves state as the warm-up left it.
+            undo.restore()
+
+
+def _writes_of_step(rt: RunnerRuntime, args: tuple, kwargs: dict) -> UndoLog:
+    """Run the step once more, eagerly, logging every tensor it writes, and put them back: the
+    tensors a capture with islands will write for real from this same state, and their values
+    now. (Only for a step with islands, whose warm-up was not logged: ``capture="eager"``.)"""
+    undo = UndoLog()
+    try:
+        with torch.no_grad(), undo:
+            rt.options.fn(*args, **kwargs)
+    finally:
+        undo.restore()
+    return undo
+
+
+def _capture(rt: RunnerRuntime, bucket: Bucket, args: tuple, kwargs: dict, warm_spec: Any,
+             warm_shapes: list[tuple[torch.Size, torch.dtype]]) -> None:
+    b = bucket.size
+    opts = rt.options
+    backend = rt.backend
+    spec = backend.device_spec(opts.device)
     backend.synchronize(spec)
     # compile= resolved once, at construction (RunnerOptions): not read again per bucket.
     g = resolved_graph(device=opts.device, pool=rt.pool, compile=opts.graph_compile)
@@ -161,7 +196,8 @@ def _warm_and_capture(rt: RunnerRuntime, bucket: Bucket, undo_warmup: bool) -> N
     region = _region_for(rt, warm_spec, warm_shapes, b)
     try:
         with torch.no_grad(), graph(g, pool=rt.pool):
-            out = opts.fn(*args, **kwargs)
+            with opts.islands.marking():
+                out = opts.fn(*args, **kwargs)
             if region is not None:  # write the outputs into the shared region, in the graph
                 for dst, src in zip(region, pytree.tree_leaves(out)):
                     dst.copy_(src)

@@ -4,7 +4,8 @@ when the call is padded, its live rows with ``fn`` on the live rows alone (:mod:
 Called by ``GraphRunner`` on the replays its ``verify`` setting samples (1, 2, 4, ...) and on
 the first padded call of a bucket whose live-rows check is still pending. A mismatch disables
 the bucket (its batches then run as fallback) and the call returns eager's result, with eager's
-side effects kept.
+side effects kept. So does a checked replay that raises ``ReplayError`` (an eager island whose
+output shape follows the data): what it wrote before it stopped is put back with eager's writes.
 """
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ from typing import Any
 
 import torch.utils._pytree as pytree
 
+from ..errors import ReplayError
 from .capture import disable_bucket
 from .fallback import count_eager, load_static, narrow_outputs
 from .rows import mixes_rows_reason, rows_apply, run_live, wants_rows_check
 from .runtime import Bucket, RunnerRuntime
+from .support import reason_of
 from .verify import UndoLog, compare
 
 __all__ = ["check_due", "checked_replay"]
@@ -59,7 +62,21 @@ def checked_replay(rt: RunnerRuntime, bucket: Bucket, n: int, leaves: Sequence[A
     undo.snapshot_post()
     undo.restore()  # eager's writes undone: replay starts from the same state
     assert bucket.replay is not None
-    bucket.replay()
+    try:
+        bucket.replay()
+    except ReplayError as exc:
+        if rt.group is not None:  # the ranks agree in compare(), which this rank now skips
+            raise
+        # The pieces before the failing step ran: put back what they wrote (the log holds every
+        # tensor the step writes), then eager's writes, whose result is returned.
+        undo.restore()
+        undo.reapply()
+        bucket.verify_diff = reason_of(exc)
+        disable_bucket(rt, bucket, "disabled",
+                       f"disabled by verification: its replay raised {reason_of(exc)}", exc)
+        rt.build_routes()
+        count_eager(rt, f"bucket {bucket.size} {bucket.reason}", n)
+        return narrow_outputs(rt, expected, n)
     actual = pytree.tree_unflatten(bucket.out_leaves, rt.out_spec)
     diff = compare(actual, expected, rt.group)  # with a group: agreed by every rank
     bucket.verified = True

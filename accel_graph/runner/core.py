@@ -32,6 +32,7 @@ from .dynamic import check_spec_dim
 from .group import GroupInfo
 from .guard import CallGuard
 from .inputs import ExampleInputs
+from .islands import resolve_islands
 from .options import RunnerOptions, check_settings, verify_checks
 from .reports import memory_report, stats
 from .runtime import RunnerRuntime
@@ -126,6 +127,20 @@ class GraphRunner:
             the next call starts (else something else wrote into them: another runner in the
             same pool, or the caller), warned and counted in ``stats()``; then they are
             NaN-filled, so code that still reads them after the next call sees NaN.
+        islands: code to run as eager islands in every capture of this runner (code capture
+            refuses, such as a mixture-of-experts block reading the router's choice on the
+            host, runs eagerly between the captured pieces of each graph; see
+            :func:`accel_graph.eager_island`). A list of: ``nn.Module`` subclasses (every
+            instance, subclasses included), ``nn.Module`` instances, functions (wrapped where
+            code looks them up by their own name: module globals, or the class of a method; a
+            function the model reaches under another name must be decorated with
+            ``eager_island`` where it is defined), or ``"package.module.attr"`` strings naming
+            one of these (a function named so is wrapped at exactly that place). The marking
+            holds during the runner's captures only, on the capturing thread: replay calls the
+            code the capture recorded, and the model is left untouched otherwise
+            (:mod:`accel_graph.runner.islands`). Capture with islands runs each piece once for
+            real (the island's warm-up); the runner puts back every tensor that writes (a KV
+            cache's length), so capture leaves state as the warm-up left it.
 
     Calls run under ``torch.no_grad()``; ``capture()`` runs ``fn`` eagerly once per bucket
     (warm-up), so state ``fn`` mutates is touched then. Threads: calls are serialised, and
@@ -166,6 +181,7 @@ class GraphRunner:
         share_outputs: bool = False,
         debug: bool = False,
         rows_independent: bool = False,
+        islands: Sequence[Any] | None = None,
     ) -> None:
         ladder = check_settings(fn, buckets, max_batch, dynamic, memory_budget, fallback, capture,
                                 capture_time_budget)
@@ -177,6 +193,7 @@ class GraphRunner:
         backend, routed = select_backend(ex.device)
         device_spec = backend.device_spec(routed)
         checks = verify_checks(verify)
+        marked = resolve_islands(islands)
         group = None if process_group is None else GroupInfo.build(process_group, ex.device, capture)
         states = StateTable(state, ex.device)
         # Resolved last, as always: compile=/compile_options errors come after the others.
@@ -185,7 +202,7 @@ class GraphRunner:
             compile=compile, compile_options=compile_options, fallback=fallback,
             capture_mode=capture,
             capture_time_budget=None if capture_time_budget is None else float(capture_time_budget),
-            rows_independent=bool(rows_independent), debug=bool(debug),
+            rows_independent=bool(rows_independent), debug=bool(debug), islands=marked,
         )
         self._runtime = RunnerRuntime(
             options=options,

@@ -27,6 +27,7 @@ import torch
 from ..errors import ConfigError
 from ..foundation.compile_options import CompileOptions, resolve_compile
 from .dynamic import resolve_ladder
+from .islands import RunnerIslands
 
 __all__ = ["FALLBACKS", "RunnerOptions", "check_settings", "verify_checks"]
 
@@ -68,6 +69,9 @@ class RunnerOptions:
     rows_independent: bool = False
     #: Debug mode: warn when a call's outputs are still referenced at the next call.
     debug: bool = False
+    #: ``islands=`` resolved (:mod:`.islands`): the modules and functions that run as eager
+    #: islands in every capture of the runner (empty: none beyond those marked for good).
+    islands: RunnerIslands = RunnerIslands(())
 
     @classmethod
     def resolve(cls, *, compile: str | None, compile_options: Any, **settings: Any) -> RunnerOptions:
