@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..pool_protocol import GraphPool, PoolRef, refs_overlap
 from ..program import build_replay, materialize
@@ -118,7 +118,8 @@ class _Segments:
         control: list[dict[str, Any]] = []  # per control-flow step: its sub-programs' infos
         subs: list[dict[str, Any]] = []  # the compiled ones among them (for the totals)
         if failure is not None:
-            self._after_failure(0, len(steps), failure)
+            hit = locate(failure, steps, _needed(steps, 0, len(steps), self.owners, self.outputs))
+            self._emit(0, len(steps), _Attempt(None, failure, hit))
         else:
             start = 0
             for i, step in enumerate(steps):
@@ -169,52 +170,70 @@ class _Segments:
     def _stretch(self, start: int, end: int) -> None:
         """Compile ``steps[start:end]`` (no host step or island in it) as one program, or
         locate what fails in it and compile around that."""
+        self._emit(start, end, self._try(start, end))
+
+    def _try(self, start: int, end: int) -> _Attempt | None:
+        """One compile of ``steps[start:end]``; None when it runs nothing. A failure that is not
+        one op's, or past the budget, raises (the first failure: the graph falls back whole)."""
         stretch = self.steps[start:end]
         if not any(s.kind not in ("view", "none") for s in stretch):
-            return
+            return None
         written = _needed(self.steps, start, end, self.owners, self.outputs)
         try:
-            run, info = self.compile_fn(stretch, [], written, self.pool)
+            return _Attempt(self.compile_fn(stretch, [], written, self.pool), None, [])
         except Exception as exc:
             failed: BaseException = exc
-        else:
-            self.runs.append(run)
-            self.infos.append(info)
-            return
         if not splittable(failed) or not self.budget.spend():
-            raise self.first or failed  # the graph falls back whole, with the first reason
+            raise self.first or failed
         self.first = self.first or failed
-        self._after_failure(start, end, failed)
+        return _Attempt(None, failed, [start + k for k in locate(failed, stretch, written)])
 
-    def _after_failure(self, start: int, end: int, exc: BaseException) -> None:
-        """``steps[start:end]`` failed to compile with ``exc``: make the steps it names op
-        islands and compile the rest, or bisect when it names none."""
-        written = _needed(self.steps, start, end, self.owners, self.outputs)
-        hit = [start + k for k in locate(exc, self.steps[start:end], written)]
+    def _emit(self, start: int, end: int, attempt: _Attempt | None) -> None:
+        """Add the replay of ``steps[start:end]`` from ``attempt``: its compiled program, or,
+        after a failure, the parts around the ops it names (bisected when it names none)."""
+        if attempt is None:
+            return
+        if attempt.compiled is not None:
+            self.runs.append(attempt.compiled[0])
+            self.infos.append(attempt.compiled[1])
+            return
+        exc, hit = attempt.error, attempt.hit
+        assert exc is not None
         real = [i for i in range(start, end) if self.steps[i].kind not in ("view", "none")]
         reason = failure_reason(exc)
+        found = "named by a compile failure" if hit else "bisected"
         if not hit and len(real) == 1:
-            hit, found = real, "bisected"
-        else:
-            found = "named by a compile failure"
+            hit = real
         log.info("compile='inductor': a stretch of %d ops failed to compile (%s); %s", end - start,
-                 reason, f"{len(hit)} op(s) it names replay interpreted" if hit else "bisecting it")
-        if hit:
-            for i in hit:
-                self.islands[i] = Refusal(reason, found, exc)
-            pieces, at = [], start
-            for i in hit:
-                pieces.append((at, i))
-                at = i + 1
-            pieces.append((at, end))
-            for k, (a, b) in enumerate(pieces):
-                self._stretch(a, b)
-                if k < len(hit):
-                    self.runs.append(build_replay(materialize([self.steps[hit[k]]], self.pool), []))
+                 reason, f"{len(hit)} op(s) replay interpreted" if hit else "bisecting it")
+        if not hit:
+            mid = real[len(real) // 2]  # both halves hold real ops
+            first, second = self._try(start, mid), self._try(mid, end)
+            if (first is not None and second is not None and first.error is not None
+                    and second.error is not None and not first.hit and not second.hit):
+                # Both halves fail, naming nothing: no one op's failure to find (a program-wide
+                # problem); the graph falls back whole rather than spend more compiles.
+                raise self.first or exc
+            self._emit(start, mid, first)
+            self._emit(mid, end, second)
             return
-        mid = real[len(real) // 2]  # both halves hold real ops
-        self._stretch(start, mid)
-        self._stretch(mid, end)
+        for i in hit:
+            self.islands[i] = Refusal(reason, found, exc)
+        at = start
+        for i in hit:
+            self._stretch(at, i)
+            self.runs.append(build_replay(materialize([self.steps[i]], self.pool), []))
+            at = i + 1
+        self._stretch(at, end)
+
+
+class _Attempt(NamedTuple):
+    """One compile of a stretch: ``compiled`` (``(replay_fn, info)``) or ``error`` and the steps
+    it names (``hit``, indices into the whole program)."""
+
+    compiled: tuple[Callable[[], None], dict[str, Any]] | None
+    error: BaseException | None
+    hit: list[int]
 
 
 def _compiled_subs(cinfo: dict[str, Any]) -> list[dict[str, Any]]:
