@@ -79,7 +79,7 @@ class Refusal:
 class Budget:
     """Failed compiles left for locating, shared by a graph's stretches and sub-programs."""
 
-    left: int = MAX_FAILED_COMPILES
+    left: int = field(default_factory=lambda: MAX_FAILED_COMPILES)  # read now: tests patch it
     failed: int = 0
 
     def spend(self) -> bool:
