@@ -342,3 +342,73 @@ def test_refused_op_inside_a_cond_branch_is_an_island_of_that_branch(tmp_path) -
     true_branch = g.compile_info()["control_flow"][0]["subprograms"][0]
     assert true_branch["compiled"] is True, true_branch
     assert [e["op"] for e in true_branch["interpreted_ops"]] == [f"{NS}.no_fake.default"]
+
+
+# -- transformers 5 MoE decoders with grouped_mm experts ----------------------------------------
+@pytest.mark.parametrize("family", [
+    "mixtral",
+    pytest.param("qwen2_moe", marks=pytest.mark.slow),
+    pytest.param("qwen3_moe", marks=pytest.mark.slow),
+])
+def test_grouped_mm_moe_compiles_everything_but_the_grouped_gemms(family: str) -> None:
+    """A decode step with a StaticCache: the grouped GEMMs (fp32 on the CPU, which Inductor's
+    meta kernel refuses on torch 2.13/2.14) replay interpreted, everything else compiled; the
+    logits equal eager's within fp32 tolerance, replay after replay."""
+    from moe_models import build_moe, moe_decode_step, require_transformers_5
+
+    transformers = require_transformers_5()
+    model, _ = build_moe(family, experts="grouped_mm")
+    step = moe_decode_step(model)
+    prompt = torch.randint(0, 128, (2, 4), generator=torch.Generator().manual_seed(3))
+    caches = []
+    for _ in range(2):  # the graph's and eager's, each holding the same prompt
+        cache = transformers.StaticCache(config=model.config, max_cache_len=16)
+        with torch.no_grad():
+            model(input_ids=prompt, cache=cache)
+        caches.append(cache)
+    ids = torch.tensor([[1], [2]])
+    g = ag.Graph(device="cpu", compile="inductor", compile_options={"replay": "compiled"})
+    with torch.no_grad(), ag.graph(g):
+        out = step(ids, caches[0])
+    for tokens in ([[1], [2]], [[9], [3]], [[127], [0]]):
+        ids.copy_(torch.tensor(tokens))
+        g.replay()
+        with torch.no_grad():
+            want = step(torch.tensor(tokens), caches[1])
+        assert_close_for_dtype(out, want)
+    info = g.compile_info()
+    assert "fallback" not in info, info
+    [entry] = info["interpreted_ops"]
+    layers = model.config.num_hidden_layers
+    # two grouped GEMMs per experts module (gate-up, then down), one experts module per layer
+    assert entry["op"] == "aten._grouped_mm.default" and entry["count"] == 2 * layers, entry
+    assert entry["found"] == "probed before compiling"
+    assert "BF16" in entry["reason"], entry
+    assert info["stretches"] == 2 * layers + 1 and info.get("failed_compiles") is None, info
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_grouped_mm_is_an_island_only_where_its_meta_kernel_refuses(dtype: torch.dtype) -> None:
+    """The prediction probes the op's meta kernel on the recorded inputs: fp32 ``_grouped_mm``
+    on the CPU is refused (torch 2.13/2.14), bf16 compiles; both replay equal to eager."""
+    if not hasattr(torch, "_grouped_mm"):
+        pytest.skip("no torch._grouped_mm in this torch")
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(3, 16, 8, generator=gen).to(dtype)
+    offs = torch.tensor([2, 5, 8], dtype=torch.int32)
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(x * 2)
+        return torch.sigmoid(torch._grouped_mm(h, w, offs=offs)) + 1
+
+    x = torch.randn(8, 16, generator=gen).to(dtype)
+    g, out = _capture(fn, x)
+    g.replay()
+    info = g.compile_info()
+    assert "fallback" not in info, info
+    ops_interpreted = [e["op"] for e in info.get("interpreted_ops", [])]
+    assert ops_interpreted == (["aten._grouped_mm.default"] if dtype == torch.float32 else []), info
+    for k in range(2):
+        x.copy_(torch.randn(8, 16, generator=torch.Generator().manual_seed(k)).to(dtype))
+        g.replay()
+        assert_close_for_dtype(out, fn(x))
