@@ -101,7 +101,8 @@ def test_op_without_a_fake_kernel_is_predicted_and_the_rest_compiles(caplog, tmp
     assert dump["ops"][entry["steps"][0]]["op"] == f"{NS}.no_fake.default"
     assert dump["compiled"]["interpreted_ops"] == info["interpreted_ops"]
     # logged once, with the prefix the test plug-in counts as a fallback in compiled cases
-    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    warned = [r.getMessage() for r in caplog.records
+              if r.levelno == logging.WARNING and r.name == "accel_graph"]
     assert len(warned) == 1 and warned[0].startswith("compile='inductor' failed for some ops"), warned
     assert f"{NS}.no_fake.default x1" in warned[0]
     assert g.replay_mode().mode == "compiled"
@@ -383,7 +384,9 @@ def test_grouped_mm_moe_compiles_everything_but_the_grouped_gemms(family: str) -
     # two grouped GEMMs per experts module (gate-up, then down), one experts module per layer
     assert entry["op"] == "aten._grouped_mm.default" and entry["count"] == 2 * layers, entry
     assert entry["found"] == "probed before compiling"
-    assert "BF16" in entry["reason"], entry
+    # torch 2.13: "Expected inputs of BF16 type but got mat_a.dtype=torch.float32 ...";
+    # 2.14: "Expected mat_a to be BFloat16 or supported Float16 matrix, got torch.float32."
+    assert entry["reason"].startswith("RuntimeError: Expected") and "float32" in entry["reason"], entry
     assert info["stretches"] == 2 * layers + 1 and info.get("failed_compiles") is None, info
 
 
