@@ -446,7 +446,10 @@ def test_a_failure_names_its_cause_and_torch_errors_stay_quiet_unless_debugging(
         logger.setLevel(level)
     assert torch.equal(y, x.cos() - 7.75)
     errors = [r for r in torch_records.records if r.levelno >= logging.ERROR]
-    assert (len(errors) == 2) if debug else (errors == []), [r.getMessage() for r in errors]
+    # Two records per compile_program call (the static-shape attempt and its retry), three
+    # calls: the program, then both halves of its bisection (op_islands.py), which fail naming
+    # no op, so the graph falls back whole.
+    assert (len(errors) == 6) if debug else (errors == []), [r.getMessage() for r in errors]
     warned = [r.getMessage() for r in ours.records if r.levelno == logging.WARNING]
     assert len(warned) == 1 and "_Inner: Exponent must be non-negative" in warned[0], warned
     assert "C++ compiler" not in warned[0]

@@ -1,8 +1,10 @@
 """How a recorder graph with ``compile="inductor"`` picks its replay program (a mixin of
 :class:`..backend.RecorderGraphImpl`, split from it to keep modules small).
 
-At instantiation the captured program is compiled (:func:`.segmented.compile_any`); any
-failure falls back to the interpreted program with the reason logged and kept in
+At instantiation the captured program is compiled (:func:`.segmented.compile_any`); ops
+Inductor refuses replay interpreted inside the compiled program (:mod:`.op_islands`; logged,
+listed in ``compile_info()["interpreted_ops"]``); any other failure, or one that leaves nothing
+compiled, falls back to the interpreted program with the reason logged and kept in
 ``compile_info()["fallback"]`` (issue 15). Which program then replays (compiled, interpreted,
 or the faster of the two, timed by :mod:`.replay_choice`) is decided by the graph's
 :class:`.policy.ReplayPolicy`; this module carries the decision out. The compiled program's
@@ -26,6 +28,7 @@ from .first_run import FirstRun, undo_plan
 from .freezing import written_storages
 from .fx_graph import CompileUnsupported
 from .inductor import compile_program
+from .op_islands import describe as describe_islands
 from .policy import ReplayPolicy
 from .precision_casts import refusal as precision_refusal
 from .random_order import refusal as order_refusal
@@ -136,6 +139,12 @@ class CompiledChoice:
             self._compiled = {"backend": "inductor", "fallback": reason}
             return None
         self._compiled = info
+        if info.get("interpreted_ops"):
+            # Not a fallback of the graph, but the same prefix: the test plug-in's compiled
+            # cases must not pass silently with an op interpreted (accel_graph.testing.plugin).
+            log.warning("compile='inductor' failed for some ops of a graph on %s (%s); they "
+                        "replay interpreted inside the compiled program, the rest is compiled.",
+                        self.device, describe_islands(info["interpreted_ops"]))
         checks = build_replay([], self._inputs)  # the stale-input checks alone
         # Failures that show only when the generated code first runs fall back too.
         plan = undo_plan(self._frozen_steps, self.device.device_type, self.device.index) if self._signature is None else None

@@ -24,9 +24,13 @@ from ..pool_protocol import PoolRef
 from ..steps import Step
 from .freezing import FrozenConstants
 
-__all__ = ["CompileUnsupported", "build_fx"]
+__all__ = ["STEP_META", "CompileUnsupported", "build_fx"]
 
 aten = torch.ops.aten
+
+#: ``node.meta`` key of an op's node: the index of its step in the ``steps`` given to
+#: :func:`build_fx` (not part of any cache key; FX node names are, and are deterministic).
+STEP_META = "accel_graph_step"
 
 
 class CompileUnsupported(Exception):
@@ -129,7 +133,7 @@ def build_fx(steps: list[Step], outputs: list[PoolRef], frozen: FrozenConstants 
                 "cannot carry as an argument")
         return x
 
-    for step in steps:
+    for index, step in enumerate(steps):
         if step.kind == "host":
             raise CompileUnsupported(
                 f"{step.func}: a generator-state step ({step.strategy.why if step.strategy else 'host call'}) "
@@ -150,7 +154,7 @@ def build_fx(steps: list[Step], outputs: list[PoolRef], frozen: FrozenConstants 
             _collective_node(graph, step, args, kwargs, by_ref, allocations)
             continue
         if step.kind == "mutate":
-            graph.call_function(step.func, tuple(args), kwargs)
+            graph.call_function(step.func, tuple(args), kwargs).meta[STEP_META] = index
             continue
         func = step.func
         if func is aten.lift_fresh.default:
@@ -159,6 +163,7 @@ def build_fx(steps: list[Step], outputs: list[PoolRef], frozen: FrozenConstants 
             # for every later replay. Interpreted replay refills the constant with copy_(); so do we.
             func = aten.clone.default
         node = graph.call_function(func, tuple(args), kwargs)
+        node.meta[STEP_META] = index  # which step a failure names (.op_islands.locate)
         n_results = len(step.func._schema.returns)
         is_list = n_results == 1 and isinstance(step.func._schema.returns[0].type, torch.ListType)
         for pos, out in zip(step.positions, step.outputs):

@@ -1,27 +1,34 @@
-"""``compile="inductor"`` for programs with host steps (generator state, :mod:`..rng`).
+"""``compile="inductor"`` for programs with host steps (generator state, :mod:`..rng`; eager
+islands, :mod:`..islands`) and for ops Inductor refuses (op islands, :mod:`.op_islands`).
 
-A host step is a Python call between kernels (a generator snapshot or restore), which an FX
-graph cannot order against Inductor's random kernels. Such a program is compiled in stretches:
-each run of ops between host steps is one Inductor program (:func:`.inductor.compile_program`),
-and the host steps run interpreted between them, so every draw happens in the order eager makes
-it, on the generator state eager has at that point.
+A host step is a Python call between kernels (a generator snapshot or restore, an eager
+island), which an FX graph cannot order against Inductor's kernels. Such a program is compiled
+in stretches: each run of ops between host steps is one Inductor program
+(:func:`.inductor.compile_program`), and the host steps run interpreted between them, so every
+draw happens in the order eager makes it, on the generator state eager has at that point. An op
+Inductor refuses (predicted, or named by a compile failure, or bisected: :mod:`.op_islands`)
+becomes such a step too: it runs interpreted, its stretch is split around it, and the rest
+compiles; only when nothing compiles does the graph fall back whole.
 
 A stretch writes back into pool memory the graph's outputs it makes and every allocation that a
 later stretch or host step reads (they read pool memory, not Inductor's buffers): one copy per
 such tensor, which keeps the values equal to interpreted replay.
 A stretch whose outputs reuse pool memory of tensors it reads from earlier stretches (they died
-in it) replays interpreted: its compiled placeholders would alias, which AOT cannot trace with
-static shapes. ``debug_dump``'s ``compiled.interpreted_stretches`` lists their sizes.
-Programs without host steps compile as one program, unchanged. Control-flow steps (``cond``,
-``while``) sit between stretches like host steps, with each of their sub-programs compiled in
-turn (:mod:`.control_flow`, which calls back into :func:`compile_any` for nesting).
+in it) is compiled like any other: :func:`.inductor.compile_program` gives the compiled program a
+private copy of such a read, refreshed before each run (its placeholders would otherwise alias,
+which AOT cannot trace with static shapes). Such stretches used to replay interpreted;
+``interpreted_stretches`` stays in the info, empty.
+Programs without host steps or refused ops compile as one program, unchanged. Control-flow
+steps (``cond``, ``while``) sit between stretches like host steps, with each of their
+sub-programs compiled in turn (:mod:`.control_flow`, which calls back into :func:`compile_any`
+for nesting).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..pool_protocol import GraphPool, PoolRef, refs_overlap
 from ..program import build_replay, materialize
@@ -35,7 +42,9 @@ from .control_flow import (
     stage_reads_before_writes,
     with_snapshots,
 )
+from .failures import failure_reason
 from .inductor import compile_program
+from .op_islands import Budget, Refusal, locate, predict, splittable, summary
 
 log = logging.getLogger("accel_graph")
 
@@ -52,91 +61,179 @@ def has_host_steps(steps: list[Step]) -> bool:
 def compile_any(
     steps: list[Step], inputs: list[InputRecord], outputs: list[PoolRef], pool: GraphPool,
     compile_fn: Callable[..., tuple[Callable[[], None], dict[str, Any]]] = compile_program,
-    outside: list[PoolRef] | None = None,
+    outside: list[PoolRef] | None = None, budget: Budget | None = None,
 ) -> tuple[Callable[[], None], dict[str, Any]]:
     """Compile ``steps`` (as captured, with pool locations) with ``compile_fn``
-    (:func:`.inductor.compile_program`, or the caller's replacement); raises on any failure,
-    and returns ``(replay_fn, info)`` like it. Control-flow steps have each sub-program compiled
-    (:mod:`.control_flow`; one that fails replays interpreted, logged, without failing
-    the rest). ``outside``: for a sub-program, the pool locations read outside it."""
+    (:func:`.inductor.compile_program`, or the caller's replacement); raises on any failure
+    that leaves nothing compiled, and returns ``(replay_fn, info)`` like it. Control-flow steps
+    have each sub-program compiled (:mod:`.control_flow`; one that fails replays interpreted,
+    logged, without failing the rest). Ops Inductor refuses replay interpreted between
+    compiled stretches (:mod:`.op_islands`; ``info["interpreted_ops"]``), found spending at
+    most ``budget``'s failed compiles (shared with sub-programs). ``outside``: for a
+    sub-program, the pool locations read outside it."""
+    budget = budget if budget is not None else Budget()
     if outside is None:  # the whole graph (sub-programs are staged by compile_control)
         steps, pairs = stage_reads_before_writes(steps, pool)
         if pairs:
-            run, info = compile_any(steps, inputs, outputs, pool, compile_fn, [])
+            run, info = compile_any(steps, inputs, outputs, pool, compile_fn, [], budget)
             return with_snapshots(run, tuple(pairs)), {**info, "snapshots": len(pairs)}
-    if not has_host_steps(steps):
-        return compile_fn(steps, inputs, outputs, pool)
-    around = [*(outside or ()), *outputs]
+    refused = predict(steps, pool)
+    failure: BaseException | None = None
+    if not has_host_steps(steps) and not refused:
+        try:
+            return compile_fn(steps, inputs, outputs, pool)
+        except Exception as exc:
+            if not splittable(exc) or not budget.spend():
+                raise
+            failure = exc
+    return _Segments(steps, outputs, pool, compile_fn, outside, budget, refused).compile(failure)
 
-    def compile_sub(sub: list[Step], written: list[PoolRef], sub_pool: GraphPool,
-                    sub_outside: list[PoolRef]) -> tuple[Callable[[], None], dict[str, Any]]:
-        return compile_any(sub, [], written, sub_pool, compile_fn, sub_outside)
-    runs: list[Callable[[], None]] = []
-    stretch: list[Step] = []
-    infos: list[dict[str, Any]] = []
-    interpreted: list[int] = []  # sizes of stretches replayed interpreted
-    hosts = 0
-    control: list[dict[str, Any]] = []  # per control-flow step: its sub-programs' infos
-    subs: list[dict[str, Any]] = []  # the compiled ones among them (for the totals)
 
-    owners = _read_owners(steps)
-    start = 0
+class _Segments:
+    """One program compiled in stretches between host steps and op islands (module docstring);
+    :meth:`compile` returns ``(replay_fn, info)``."""
 
-    def flush(end: int) -> None:
-        if any(s.kind not in ("view", "none") for s in stretch):
-            written = _needed(steps, start, end, owners, outputs)
-            if _writes_what_it_reads(owners, start, end, written):
-                # Its outputs reuse memory of tensors it reads from earlier stretches: the
-                # compiled program's placeholders would alias, which AOT cannot trace with
-                # static shapes. Replayed interpreted (same kernels, same values).
-                runs.append(build_replay(materialize(list(stretch), pool), []))
-                interpreted.append(end - start)
-                log.info("compile='inductor': a stretch of %d ops between generator-state steps "
-                         "replays interpreted (its outputs reuse memory it reads)", end - start)
-            else:
-                run, info = compile_fn(list(stretch), [], written, pool)
-                runs.append(run)
-                infos.append(info)
-        stretch.clear()
+    def __init__(self, steps: list[Step], outputs: list[PoolRef], pool: GraphPool,
+                 compile_fn: Callable[..., tuple[Callable[[], None], dict[str, Any]]],
+                 outside: list[PoolRef] | None, budget: Budget, refused: dict[int, Refusal]) -> None:
+        self.steps, self.outputs, self.pool, self.compile_fn = steps, outputs, pool, compile_fn
+        self.outside, self.budget, self.islands = outside, budget, refused
+        self.owners = _read_owners(steps)
+        self.runs: list[Callable[[], None]] = []
+        self.infos: list[dict[str, Any]] = []
+        self.first: BaseException | None = None  # the first compile failure, if any
 
-    for i, step in enumerate(steps):
-        if step.kind in HOST_KINDS:
-            flush(i)
-            start = i + 1
-            if step.kind == "host":
-                runs.append(build_replay(materialize([step], pool), []))
-            else:
-                elsewhere = [r for j, s in enumerate(steps) if j != i for r in pool_reads([s])]
-                run, cinfo = compile_control(step, pool, compile_sub, [*around, *elsewhere])
-                runs.append(run)
-                control.append(cinfo)
-                subs.extend(_compiled_subs(cinfo))
-            hosts += 1
+    def compile(self, failure: BaseException | None) -> tuple[Callable[[], None], dict[str, Any]]:
+        """Compile every stretch; ``failure``: the whole program's compile already failed so
+        (it has no host steps), locate from it first."""
+        steps, pool = self.steps, self.pool
+        self.first = failure
+        around = [*(self.outside or ()), *self.outputs]
+        budget, compile_fn = self.budget, self.compile_fn
+
+        def compile_sub(sub: list[Step], written: list[PoolRef], sub_pool: GraphPool,
+                        sub_outside: list[PoolRef]) -> tuple[Callable[[], None], dict[str, Any]]:
+            return compile_any(sub, [], written, sub_pool, compile_fn, sub_outside, budget)
+        hosts = 0
+        control: list[dict[str, Any]] = []  # per control-flow step: its sub-programs' infos
+        subs: list[dict[str, Any]] = []  # the compiled ones among them (for the totals)
+        if failure is not None:
+            hit = locate(failure, steps, _needed(steps, 0, len(steps), self.owners, self.outputs))
+            self._emit(0, len(steps), _Attempt(None, failure, hit))
         else:
-            stretch.append(step)
-    flush(len(steps))
-    calls = tuple(runs)
+            start = 0
+            for i, step in enumerate(steps):
+                if step.kind not in HOST_KINDS and i not in self.islands:
+                    continue
+                self._stretch(start, i)
+                start = i + 1
+                if step.kind in ("cond", "while"):
+                    elsewhere = [r for j, s in enumerate(steps) if j != i for r in pool_reads([s])]
+                    run, cinfo = compile_control(step, pool, compile_sub, [*around, *elsewhere])
+                    self.runs.append(run)
+                    control.append(cinfo)
+                    subs.extend(_compiled_subs(cinfo))
+                else:  # a host step, or an op island
+                    self.runs.append(build_replay(materialize([step], pool), []))
+                hosts += step.kind in HOST_KINDS
+            self._stretch(start, len(steps))
+        if self.islands and not self.infos and not subs:
+            # Nothing compiled: the whole graph falls back, with the first reason.
+            raise self.first or min(self.islands.items())[1].error
+        calls = tuple(self.runs)
 
-    def run() -> None:
-        for call in calls:
-            call()
+        def run() -> None:
+            for call in calls:
+                call()
 
-    every = infos + subs
-    info = {
-        "backend": "inductor",
-        "compile_s": sum(i["compile_s"] for i in every),
-        "cache": "hit" if every and all(i["cache"] == "hit" for i in every) else "miss",
-        **merge_reuse(every),  # per part: in-process, FX graph cache or compiled (.compile_cache)
-        "fx_nodes": sum(i["fx_nodes"] for i in every),
-        "placeholders": sum(i["placeholders"] for i in every),
-        "intermediates": "written back to the pool between stretches",
-        "stretches": len(infos),
-        "host_steps": hosts,
-        "interpreted_stretches": interpreted,
-    }
-    if control:
-        info["control_flow"] = control
-    return run, info
+        every = self.infos + subs
+        info = {
+            "backend": "inductor",
+            "compile_s": sum(i["compile_s"] for i in every),
+            "cache": "hit" if every and all(i["cache"] == "hit" for i in every) else "miss",
+            **merge_reuse(every),  # per part: in-process, FX graph cache or compiled (.compile_cache)
+            "fx_nodes": sum(i["fx_nodes"] for i in every),
+            "placeholders": sum(i["placeholders"] for i in every),
+            "intermediates": "written back to the pool between stretches",
+            "stretches": len(self.infos),
+            "host_steps": hosts,
+            "interpreted_stretches": [],  # none any more (module docstring)
+        }
+        if self.islands:
+            info["interpreted_ops"] = summary(self.islands, steps)
+        if budget.failed:
+            info["failed_compiles"] = budget.failed
+        if control:
+            info["control_flow"] = control
+        return run, info
+
+    def _stretch(self, start: int, end: int) -> None:
+        """Compile ``steps[start:end]`` (no host step or island in it) as one program, or
+        locate what fails in it and compile around that."""
+        self._emit(start, end, self._try(start, end))
+
+    def _try(self, start: int, end: int) -> _Attempt | None:
+        """One compile of ``steps[start:end]``; None when it runs nothing. A failure that is not
+        one op's, or past the budget, raises (the first failure: the graph falls back whole)."""
+        stretch = self.steps[start:end]
+        if not any(s.kind not in ("view", "none") for s in stretch):
+            return None
+        written = _needed(self.steps, start, end, self.owners, self.outputs)
+        try:
+            return _Attempt(self.compile_fn(stretch, [], written, self.pool), None, [])
+        except Exception as exc:
+            failed: BaseException = exc
+        if not splittable(failed) or not self.budget.spend():
+            raise self.first or failed
+        self.first = self.first or failed
+        return _Attempt(None, failed, [start + k for k in locate(failed, stretch, written)])
+
+    def _emit(self, start: int, end: int, attempt: _Attempt | None) -> None:
+        """Add the replay of ``steps[start:end]`` from ``attempt``: its compiled program, or,
+        after a failure, the parts around the ops it names (bisected when it names none)."""
+        if attempt is None:
+            return
+        if attempt.compiled is not None:
+            self.runs.append(attempt.compiled[0])
+            self.infos.append(attempt.compiled[1])
+            return
+        exc, hit = attempt.error, attempt.hit
+        assert exc is not None
+        real = [i for i in range(start, end) if self.steps[i].kind not in ("view", "none")]
+        reason = failure_reason(exc)
+        found = "named by a compile failure" if hit else "bisected"
+        if not hit and len(real) == 1:
+            hit = real
+        log.info("compile='inductor': a stretch of %d ops failed to compile (%s); %s", end - start,
+                 reason, f"{len(hit)} op(s) replay interpreted" if hit else "bisecting it")
+        if not hit:
+            mid = real[len(real) // 2]  # both halves hold real ops
+            first, second = self._try(start, mid), self._try(mid, end)
+            if (first is not None and second is not None and first.error is not None
+                    and second.error is not None and not first.hit and not second.hit):
+                # Both halves fail, naming nothing: no one op's failure to find (a program-wide
+                # problem); the graph falls back whole rather than spend more compiles.
+                raise self.first or exc
+            self._emit(start, mid, first)
+            self._emit(mid, end, second)
+            return
+        for i in hit:
+            self.islands[i] = Refusal(reason, found, exc)
+        at = start
+        for i in hit:
+            self._stretch(at, i)
+            self.runs.append(build_replay(materialize([self.steps[i]], self.pool), []))
+            at = i + 1
+        self._stretch(at, end)
+
+
+class _Attempt(NamedTuple):
+    """One compile of a stretch: ``compiled`` (``(replay_fn, info)``) or ``error`` and the steps
+    it names (``hit``, indices into the whole program)."""
+
+    compiled: tuple[Callable[[], None], dict[str, Any]] | None
+    error: BaseException | None
+    hit: list[int]
 
 
 def _compiled_subs(cinfo: dict[str, Any]) -> list[dict[str, Any]]:
@@ -180,17 +277,6 @@ def _needed(steps: list[Step], start: int, end: int, owners: dict[int, set[int]]
                 wanted.pop(ref, None)
                 wanted[ref] = None
     return list(wanted)
-
-
-def _writes_what_it_reads(owners: dict[int, list[tuple[PoolRef, int | None]]], start: int,
-                          end: int, written: list[PoolRef]) -> bool:
-    """Whether an allocation the stretch writes back overlaps pool memory it reads from before
-    it (a tensor of an earlier stretch that died in this one, its memory reused)."""
-    for k in range(start, end):
-        for ref, j in owners.get(k, ()):
-            if (j is None or j < start) and any(refs_overlap(ref, w) for w in written):
-                return True
-    return False
 
 
 def _alive_at_end(ref: PoolRef, j: int, steps: list[Step]) -> bool:
