@@ -160,3 +160,6 @@ def test_moe_decode_step_compiled_replay_is_close_to_eager() -> None:
             want = eager.decode_step(_ints(tok), _ints(step))
             torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
     assert g.replay_mode().mode == "compiled", g.compile_info()
+    # every stretch between the islands is one Inductor program (none replays interpreted)
+    info = g.compile_info()
+    assert info["interpreted_stretches"] == [] and info["stretches"] == MOE.n_layers + 1, info

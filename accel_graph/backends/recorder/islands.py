@@ -75,6 +75,8 @@ class IslandCapture(Protocol):
     ran_to: int
     #: Static output buffers held until the capture stops (no reuse of their memory in it).
     island_buffers: list[torch.Tensor]
+    #: Pool tensors alive at the last island, held until the next one (or the capture stops).
+    island_pins: list[torch.Tensor]
 
     def invalidate(self, func: Any, exc: BaseException) -> None: ...
 
@@ -84,6 +86,8 @@ class IslandCapture(Protocol):
                         device: torch.device) -> torch.Tensor: ...
 
     def frozen_arg(self, x: Any) -> Any: ...
+
+    def alive_tensors(self) -> list[torch.Tensor]: ...
 
     def freeze(self, x: Any) -> Any: ...
 
@@ -231,6 +235,15 @@ def _capture_island(cap: IslandCapture, info: IslandInfo, fn: Callable[..., Any]
     _check_devices(cap, info, (args, kwargs), where)
     cap.sync_flags()  # settings changed since the last op belong to the piece before the island
     _run_piece(cap)
+    # Hold every pool tensor alive here until the next island: one that dies in the stretch
+    # after this island would otherwise have its memory reused there by a tensor that stretch
+    # writes, while the stretch also reads the dead one's value. A compiled stretch cannot
+    # alias its inputs and outputs (static shapes in AOT), so segmented.py replays such a
+    # stretch interpreted; held, every stretch compiles. What dies in the stretch becomes
+    # reusable at the next island (the following stretches cannot read it), so the pool
+    # grows by at most one stretch's dead tensors.
+    cap.island_pins = []  # the last island's first: what died since must not count as alive
+    cap.island_pins = cap.alive_tensors()
     grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
     autocast = _autocast_state(cap.device.type)
     with lifted(cap.mode), running_island():
