@@ -25,6 +25,7 @@ so nothing after it runs and the graph stays usable.
 
 from __future__ import annotations
 
+import sys
 import weakref
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -171,6 +172,7 @@ class IslandCall:
                     f"eager island {self.info} returned {_structure(out)} at replay; at capture "
                     f"(called at {self.where}) it returned {self.spec}, which fixed the static "
                     f"outputs the rest of the graph reads. {_REPLAY_FIX}")
+        leaves = [_awaited(x) for x in leaves]
         for i, (slot, x) in enumerate(zip(self.slots, leaves)):
             if slot is None:
                 if x is not None:
@@ -188,6 +190,32 @@ class IslandCall:
         for slot, x in zip(self.slots, leaves):
             if slot is not None:
                 buffers[slot].copy_(x)
+
+
+def _awaited(x: Any) -> Any:
+    """``x``, or, for a functional collective's result (an ``AsyncCollectiveTensor``: a wrapper
+    with no storage of its own, its collective possibly in flight), the plain tensor after its
+    collective completed. An island's collectives run eagerly and complete within the island,
+    as its other work does; the static buffer gets the finished value."""
+    if x.__class__ is _Tensor or not isinstance(x, _Tensor):
+        return x
+    # Only where torch.distributed's functional collectives are loaded can such a tensor exist.
+    fc = sys.modules.get("torch.distributed._functional_collectives")
+    if fc is not None and isinstance(x, fc.AsyncCollectiveTensor):
+        return x.trigger_wait()
+    return x
+
+
+def _storage_ptr(x: _Tensor) -> int | None:
+    """The address of ``x``'s storage (a functional collective's result: of the tensor it
+    wraps); None for a tensor subclass with no storage of its own."""
+    fc = sys.modules.get("torch.distributed._functional_collectives")
+    if fc is not None and isinstance(x, fc.AsyncCollectiveTensor):
+        x = x.elem
+    try:
+        return x.untyped_storage().data_ptr()
+    except RuntimeError:  # "invalid python storage": a wrapper subclass
+        return None
 
 
 def _under_autocast(fn: Callable[..., Any], device_type: str, dtype: torch.dtype) -> Callable[..., Any]:
@@ -249,6 +277,7 @@ def _capture_island(cap: IslandCapture, info: IslandInfo, fn: Callable[..., Any]
     with lifted(cap.mode), running_island():
         out = fn(*args, **kwargs)
     leaves, spec = pytree.tree_flatten(out)
+    leaves = [_awaited(x) for x in leaves]
     _check_outputs(cap, info, leaves, (args, kwargs), where, grad and not inference)
     # Not under inference mode: pool tensors made there would be inference tensors (the pool
     # caches the tensors it makes views of), which compiled replay and users cannot write.
@@ -312,7 +341,7 @@ def _check_outputs(cap: IslandCapture, info: IslandInfo, leaves: list, args: Any
     """Island outputs must be tensors (or None) of the capture's device, in fresh memory, and
     need no gradient (``grad``: grad mode was on)."""
     arg_storages = {p for x in tree_flatten(args)[0] if isinstance(x, _Tensor)
-                    and (p := x.untyped_storage().data_ptr())}  # 0: no memory, nothing shared
+                    and (p := _storage_ptr(x))}  # 0/None: no memory, nothing shared
     for i, x in enumerate(leaves):
         if x is None:
             continue
@@ -338,7 +367,15 @@ def _check_outputs(cap: IslandCapture, info: IslandInfo, leaves: list, args: Any
                 f"parameter before it. Capture inference under torch.no_grad() or "
                 f"torch.inference_mode(), or detach() the output inside the island if no "
                 f"gradient should flow through it")
-        if x.untyped_storage().data_ptr() in arg_storages or cap.pool.owns(x):
+        ptr = _storage_ptr(x)
+        if ptr is None:
+            raise CaptureError(
+                f"eager island {info} (called at {where}) returned output {i}, a "
+                f"{type(x).__qualname__} (shape {tuple(x.shape)}, {x.dtype}) with no storage of "
+                f"its own: the graph copies each island output into a static buffer, which "
+                f"needs a plain tensor. Return a plain tensor (for a tensor subclass, the tensor "
+                f"it wraps)")
+        if ptr in arg_storages or cap.pool.owns(x):
             raise CaptureError(
                 f"eager island {info} (called at {where}) returned output {i} (shape "
                 f"{tuple(x.shape)}, {x.dtype}) sharing memory with one of its arguments: the "
