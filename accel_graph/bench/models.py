@@ -1,7 +1,9 @@
 """The model benchmark behind ``accel-graph bench --models``: five ways to run a step, per model.
 
 For every workload (a model at one batch size: the bundled decoder's decode step at batch 1 and
-8, the bundled :class:`~accel_graph.models.resnet.ResNet` forward at batch 1 and 4) and in one
+8, the bundled :class:`~accel_graph.models.resnet.ResNet` forward at batch 1 and 4, and the
+bundled decoder with a mixture-of-experts MLP (``moe``: ``DecoderConfig(num_experts=8,
+top_k=2)``, HF's host-reading experts loop marked as an eager island) at batch 1) and in one
 process, on ``threads`` torch threads (1 by default):
 
 - ``eager``: the step under ``torch.inference_mode()``, the baseline;
@@ -39,6 +41,7 @@ from .timing import hardware_info, interleaved_samples, load_avg, summarize_ns
 from .variant_facts import UNAVAILABLE, counter_delta, fxgraph_counters, reason, replay_mode
 
 __all__ = [
+    "MODELS",
     "MODEL_VARIANTS",
     "MODELS_SCHEMA",
     "ModelBenchSettings",
@@ -47,20 +50,23 @@ __all__ = [
 
 #: The report's schema name; the version changes when a key changes meaning or disappears.
 MODELS_SCHEMA = "accel_graph.bench.models/1"
+#: The workloads' models, in the order they run.
+MODELS = ("decoder", "resnet", "moe")
 MODEL_VARIANTS = ("eager", "replay", "replay_compiled", "compile", "compile_max_autotune")
 _COMPILE_MODES = {"compile": "default", "compile_max_autotune": "max-autotune-no-cudagraphs"}
 
 
 @dataclass(frozen=True)
 class ModelBenchSettings:
-    """What to run. ``models`` from ``("decoder", "resnet")``; per workload at most ``iters``
+    """What to run. ``models`` from :data:`MODELS`; per workload at most ``iters``
     timed calls per variant (whole rounds of ``calls_per_round``), fewer when ``seconds`` of
     timed calls per workload would be exceeded; ``warmup`` untimed calls per variant first.
     ``compile=False`` skips the three compiled variants, ``autotune=False`` only max-autotune."""
 
-    models: tuple[str, ...] = ("decoder", "resnet")
+    models: tuple[str, ...] = MODELS
     decoder_batches: tuple[int, ...] = (1, 8)
     resnet_batches: tuple[int, ...] = (1, 4)
+    moe_batches: tuple[int, ...] = (1,)
     iters: int = 300
     seconds: float = 8.0
     warmup: int = 5
@@ -71,14 +77,19 @@ class ModelBenchSettings:
     prompt_len: int = 16
     decoder: DecoderConfig = field(default_factory=DecoderConfig)
     resnet: ResNetConfig = field(default_factory=ResNetConfig)
+    #: The ``moe`` workload's decoder: the default decoder with 8 experts, 2 per token.
+    moe: DecoderConfig = field(default_factory=lambda: DecoderConfig(num_experts=8, top_k=2))
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad setting."""
-        unknown = set(self.models) - {"decoder", "resnet"}
+        unknown = set(self.models) - set(MODELS)
         if not self.models or unknown:
-            raise ValueError(f"models must be from decoder, resnet; got {list(self.models)}")
+            raise ValueError(f"models must be from {', '.join(MODELS)}; got {list(self.models)}")
+        if "moe" in self.models and not self.moe.num_experts:
+            raise ValueError("the moe workload needs a config with num_experts > 0")
         for name, batches, top in (("decoder_batches", self.decoder_batches, self.decoder.max_batch),
-                                   ("resnet_batches", self.resnet_batches, None)):
+                                   ("resnet_batches", self.resnet_batches, None),
+                                   ("moe_batches", self.moe_batches, self.moe.max_batch)):
             if not batches or len(set(batches)) != len(batches):
                 raise ValueError(f"{name} must be non-empty without repeats, got {list(batches)}")
             if any(b < 1 or (top is not None and b > top) for b in batches):
@@ -88,8 +99,9 @@ class ModelBenchSettings:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.warmup < 0 or not self.seconds > 0:
             raise ValueError(f"warmup must be >= 0 and seconds > 0, got {self.warmup}, {self.seconds}")
-        if self.prompt_len + self.decoder.max_batch > self.decoder.max_seq:
-            raise ValueError(f"prompt_len {self.prompt_len} leaves no room in max_seq")
+        for cfg in (self.decoder, self.moe):
+            if self.prompt_len + cfg.max_batch > cfg.max_seq:
+                raise ValueError(f"prompt_len {self.prompt_len} leaves no room in max_seq")
 
 
 @dataclass
@@ -262,17 +274,21 @@ def _workloads(s: ModelBenchSettings) -> list[tuple[str, dict[str, Any], Callabl
     """Per model: its name, its description for the report, and a builder of its workloads
     (built lazily, one model at a time, so only one model's state is alive while timing)."""
     out: list[tuple[str, dict[str, Any], Callable[[], list[_Workload]]]] = []
-    if "decoder" in s.models:
-        def decoder() -> list[_Workload]:
-            model, tokens, pos = prepare_decoder(s.decoder, s.prompt_len)
+
+    def decoder(name: str, cfg: DecoderConfig, batches: tuple[int, ...]) -> Callable[[], list[_Workload]]:
+        def build() -> list[_Workload]:
+            model, tokens, pos = prepare_decoder(cfg, s.prompt_len)
             ws = []
-            for b in s.decoder_batches:
+            for b in batches:
                 args = (tokens[:b].clone(), pos[:b].clone())
-                ws.append(_Workload("decoder", b, model.decode_step, args, model.decode_step(*args).clone()))
+                ws.append(_Workload(name, b, model.decode_step, args, model.decode_step(*args).clone()))
             return ws
 
+        return build
+
+    if "decoder" in s.models:
         desc = {"name": "accel_graph.models.Decoder", "step": "decode_step", **s.decoder.as_dict()}
-        out.append(("decoder", desc, decoder))
+        out.append(("decoder", desc, decoder("decoder", s.decoder, s.decoder_batches)))
     if "resnet" in s.models:
         def resnet() -> list[_Workload]:
             model = ResNet(s.resnet)
@@ -285,6 +301,11 @@ def _workloads(s: ModelBenchSettings) -> list[tuple[str, dict[str, Any], Callabl
         desc = {"name": "accel_graph.models.ResNet", "step": "forward", **s.resnet.as_dict(),
                 "parameters": ResNet(s.resnet).num_parameters()}
         out.append(("resnet", desc, resnet))
+    if "moe" in s.models:
+        # The same decode step; its experts (an eager island) run eagerly inside every replay.
+        desc = {"name": "accel_graph.models.Decoder", "step": "decode_step", **s.moe.as_dict(),
+                "islands": "layers.<i>.moe.experts (HF-style host-reading experts loop)"}
+        out.append(("moe", desc, decoder("moe", s.moe, s.moe_batches)))
     return out
 
 
@@ -323,7 +344,8 @@ def run_models_bench(settings: ModelBenchSettings | None = None) -> dict[str, An
         "wall_s": perf_counter() - t0,
         "settings": {
             "models": list(s.models), "decoder_batches": list(s.decoder_batches),
-            "resnet_batches": list(s.resnet_batches), "iters": s.iters, "seconds": s.seconds,
+            "resnet_batches": list(s.resnet_batches), "moe_batches": list(s.moe_batches),
+            "iters": s.iters, "seconds": s.seconds,
             "warmup": s.warmup, "calls_per_round": s.calls_per_round, "threads": s.threads,
             "compile": s.compile, "autotune": s.autotune, "prompt_len": s.prompt_len,
             "cold_cache": False, "rounds": rounds,

@@ -1,5 +1,5 @@
 """``accel-graph bench``: the decode-step benchmark as a command (table on stdout, JSON on request);
-``accel-graph bench --models``: the model benchmark (decoder and ResNet, five variants).
+``accel-graph bench --models``: the model benchmark (decoder, ResNet, MoE decoder; five variants).
 
 The measurements live in :mod:`accel_graph.bench.decode` and :mod:`accel_graph.bench.models`;
 this module parses options, prints the table and writes the JSON report (schemas in
@@ -85,14 +85,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--models",
         action="store_true",
         help="benchmark eager, replay, compiled replay and torch.compile (default and "
-        "max-autotune-no-cudagraphs) on the decoder and a small ResNet instead",
+        "max-autotune-no-cudagraphs) on the decoder, a small ResNet and the decoder with a "
+        "mixture of experts (its experts an eager island) instead",
     )
     models.add_argument(
         "--only",
         nargs="+",
-        choices=("decoder", "resnet"),
-        default=["decoder", "resnet"],
-        help="models to run (default: decoder resnet)",
+        choices=("decoder", "resnet", "moe"),
+        default=["decoder", "resnet", "moe"],
+        help="models to run (default: decoder resnet moe)",
+    )
+    models.add_argument(
+        "--moe-batch",
+        type=int,
+        nargs="+",
+        default=[1],
+        metavar="B",
+        help="batch sizes of the MoE decoder's decode step (default: 1)",
     )
     models.add_argument(
         "--resnet-batch",
@@ -136,6 +145,7 @@ def _run_models(args: argparse.Namespace) -> dict[str, Any]:
         models=tuple(args.only),
         decoder_batches=tuple(args.batch),
         resnet_batches=tuple(args.resnet_batch),
+        moe_batches=tuple(args.moe_batch),
         iters=_given(args, "iters", d.iters),
         seconds=args.seconds,
         warmup=_given(args, "warmup", d.warmup),

@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .moe import MoeBlock
+
 __all__ = ["Decoder", "DecoderConfig", "greedy_generate"]
 
 
@@ -43,6 +45,12 @@ class DecoderConfig:
     norm_eps: float = 1e-5
     init_std: float = 0.02
     seed: int = 0
+    #: 0: a dense gated MLP per layer (the default). ``E > 0``: a mixture-of-experts MLP
+    #: (:mod:`.moe`): a router picks ``top_k`` of ``E`` experts (each a gated MLP of
+    #: ``mlp_hidden``) per token, and the experts run in HF's host-reading loop, marked as an
+    #: eager island.
+    num_experts: int = 0
+    top_k: int = 2
 
     def __post_init__(self) -> None:
         if self.dim % self.n_heads:
@@ -62,6 +70,11 @@ class DecoderConfig:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.num_experts < 0:
+            raise ValueError(f"num_experts must be 0 (dense) or positive, got {self.num_experts}")
+        if self.num_experts and not 1 <= self.top_k <= self.num_experts:
+            raise ValueError(
+                f"top_k={self.top_k} must be in 1..num_experts={self.num_experts}")
 
     @property
     def head_dim(self) -> int:
@@ -83,7 +96,8 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 class _Layer(nn.Module):
-    """One pre-norm block: RMSNorm, attention over this layer's KV cache, RMSNorm, gated MLP."""
+    """One pre-norm block: RMSNorm, attention over this layer's KV cache, RMSNorm, gated MLP
+    (or, with ``num_experts``, a mixture-of-experts MLP: ``moe``)."""
 
     def __init__(self, cfg: DecoderConfig, gen: torch.Generator) -> None:
         super().__init__()
@@ -97,8 +111,12 @@ class _Layer(nn.Module):
         self.wqkv = nn.Parameter(torch.randn(3 * d, d, generator=gen) * std)
         self.wo = nn.Parameter(torch.randn(d, d, generator=gen) * out_std)
         self.mlp_norm = nn.Parameter(torch.ones(d))
-        self.w_gate_up = nn.Parameter(torch.randn(2 * h, d, generator=gen) * std)
-        self.w_down = nn.Parameter(torch.randn(d, h, generator=gen) * out_std)
+        self.moe: MoeBlock | None = None  # an instance attribute: block_forward reads it
+        if cfg.num_experts:
+            self.moe = MoeBlock(cfg.num_experts, cfg.top_k, d, h, std, cfg.n_layers, gen)
+        else:  # the dense MLP draws exactly what it always did (weights are pinned by seed)
+            self.w_gate_up = nn.Parameter(torch.randn(2 * h, d, generator=gen) * std)
+            self.w_down = nn.Parameter(torch.randn(d, h, generator=gen) * out_std)
         cache_shape = (cfg.max_batch, cfg.n_heads, cfg.max_seq, cfg.head_dim)
         self.register_buffer("k_cache", torch.zeros(cache_shape), persistent=False)
         self.register_buffer("v_cache", torch.zeros(cache_shape), persistent=False)
@@ -115,7 +133,8 @@ def block_forward(layer: nn.Module, x: Tensor, cos: Tensor, sin: Tensor, rows: T
     """One decoder block on ``layer``'s weights and KV cache (attention, then the gated MLP).
 
     ``reduce`` (tensor parallelism, :mod:`.tp_decoder`) all-reduces the attention output and
-    the MLP output of a rank's shard; None for the single-process block.
+    the MLP output of a rank's shard; None for the single-process block. ``layer.moe`` (None:
+    dense) replaces the gated MLP with the mixture of experts of :mod:`.moe`.
     """
     b = x.shape[0]
     q, k, v = (
@@ -134,6 +153,9 @@ def block_forward(layer: nn.Module, x: Tensor, cos: Tensor, sin: Tensor, rows: T
     probs = torch.softmax(scores.masked_fill_(masked, float("-inf")), dim=-1)
     attn = F.linear(torch.matmul(probs, v_cache).reshape(b, -1), layer.wo)
     x = x + (attn if reduce is None else reduce(attn))
+    moe = layer.moe
+    if moe is not None:
+        return x + moe(rms_norm(x, layer.mlp_norm, layer.eps))
     gate, up = F.linear(rms_norm(x, layer.mlp_norm, layer.eps), layer.w_gate_up).chunk(2, dim=-1)
     mlp = F.linear(F.silu(gate) * up, layer.w_down)
     return x + (mlp if reduce is None else reduce(mlp))

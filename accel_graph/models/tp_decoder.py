@@ -42,6 +42,11 @@ COLLECTIVES = ("c10d", "functional")
 def _check_divisible(cfg: DecoderConfig, world: int) -> None:
     if world < 1:
         raise ConfigError(f"world size must be >= 1, got {world}")
+    if cfg.num_experts:
+        raise ConfigError(
+            f"tensor parallelism shards the dense decoder only; this config has "
+            f"num_experts={cfg.num_experts} (a mixture of experts, which is not sharded): use "
+            f"num_experts=0, or run the MoE decoder on one process")
     if cfg.n_heads % world or cfg.mlp_hidden % world:
         raise ConfigError(
             f"tensor parallelism over {world} ranks needs n_heads={cfg.n_heads} and "
@@ -130,6 +135,7 @@ class _TPLayer(nn.Module):
         self.mlp_norm = nn.Parameter(torch.empty(d))
         self.w_gate_up = nn.Parameter(torch.empty(2 * m, d))
         self.w_down = nn.Parameter(torch.empty(d, m))
+        self.moe = None  # dense (block_forward reads it; MoE configs are refused)
         cache_shape = (cfg.max_batch, heads, cfg.max_seq, hd)
         self.register_buffer("k_cache", torch.zeros(cache_shape), persistent=False)
         self.register_buffer("v_cache", torch.zeros(cache_shape), persistent=False)

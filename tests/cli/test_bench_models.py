@@ -40,11 +40,13 @@ def test_models_report_no_compile(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert report["schema"] == bench_models.MODELS_SCHEMA
     assert report["settings"]["compile"] is False and report["settings"]["threads"] == 1
     assert report["inductor_warmup"] is None  # nothing compiles: no warm-up either
-    assert set(report["models"]) == {"decoder", "resnet"}
+    assert set(report["models"]) == {"decoder", "resnet", "moe"}
     assert report["models"]["resnet"]["parameters"] > 0
+    assert report["models"]["moe"]["num_experts"] == 8 and report["models"]["decoder"]["num_experts"] == 0
+    assert report["settings"]["moe_batches"] == [1]
     assert set(report["variants"]) == set(bench_models.MODEL_VARIANTS)
     keys = {(r["model"], r["batch"], r["variant"]) for r in report["rows"]}
-    assert keys == {(m, b, v) for m, b in (("decoder", 1), ("resnet", 2))
+    assert keys == {(m, b, v) for m, b in (("decoder", 1), ("resnet", 2), ("moe", 1))
                     for v in bench_models.MODEL_VARIANTS}
     for row in report["rows"]:
         if row["variant"] in ("eager", "replay"):
@@ -65,6 +67,7 @@ def test_models_report_no_compile(tmp_path: Path, capsys: pytest.CaptureFixture[
     replay = next(r for r in report["rows"] if r["variant"] == "replay" and r["model"] == "resnet")
     assert _positive(replay["capture_s"]) and replay["compile_s"] is None
     assert "skipped: --no-compile" in table and "resnet" in table and "x eager" in table
+    assert "moe" in table
 
 
 def test_failures_are_rows_not_crashes(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -105,6 +108,8 @@ def test_failures_are_rows_not_crashes(monkeypatch: pytest.MonkeyPatch) -> None:
         ["bench", "--models", "--batch", "9"],
         ["bench", "--models", "--seconds", "0"],
         ["bench", "--models", "--resnet-batch", "2", "2"],
+        ["bench", "--models", "--moe-batch", "0"],
+        ["bench", "--models", "--only", "moe", "--moe-batch", "9"],
     ],
 )
 def test_models_bad_settings_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
@@ -144,3 +149,28 @@ def test_resnet_config_refuses_bad_sizes(kwargs: dict[str, Any]) -> None:
         ResNetConfig(**kwargs)
     with pytest.raises(ValueError, match="batch"):
         ResNet(TINY_RESNET).example_input(0)
+
+
+def test_moe_workload_replays_its_islands_and_reports_every_variant() -> None:
+    """The ``moe`` workload (the MoE decode step at batch 1, experts as eager islands): both
+    replays run and match eager (interpreted bitwise), and torch.compile(fullgraph=True), which
+    cannot trace the host-reading experts loop, is a failed row with its reason, not a crash."""
+    from accel_graph.models import DecoderConfig
+
+    tiny = DecoderConfig(vocab_size=64, dim=32, n_layers=2, n_heads=4, mlp_hidden=48,
+                         max_seq=32, num_experts=4, top_k=2)
+    s = bench_models.ModelBenchSettings(models=("moe",), iters=2, calls_per_round=1, warmup=0,
+                                        seconds=0.5, autotune=False, moe=tiny)
+    report = bench_models.run_models_bench(s)
+    assert report["models"]["moe"]["num_experts"] == 4
+    rows = {r["variant"]: r for r in report["rows"]}
+    assert [r["model"] for r in report["rows"]] == ["moe"] * len(bench_models.MODEL_VARIANTS)
+    for variant in ("eager", "replay", "replay_compiled"):
+        assert rows[variant]["status"] == "ok" and _positive(rows[variant]["median_us"]), rows[variant]
+        assert rows[variant]["matches_eager"] is True, rows[variant]
+    assert rows["replay"]["bitwise_equal_to_eager"] is True
+    assert rows["replay_compiled"]["note"] is None  # compiled piecewise, no fallback
+    assert rows["compile"]["status"] == "failed" and rows["compile"]["reason"], rows["compile"]
+    assert rows["compile"]["median_us"] is None
+    with pytest.raises(ValueError, match="num_experts > 0"):
+        dataclasses.replace(s, moe=DecoderConfig()).validate()

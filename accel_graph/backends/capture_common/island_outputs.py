@@ -16,6 +16,7 @@ before anything is copied, so nothing after the island runs and the graph stays 
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -27,8 +28,8 @@ from .islands import IslandInfo, enter_island, leave_island, running_island
 from .pytree import tree_flatten
 
 __all__ = [
-    "REPLAY_FIX", "IslandCall", "autocast_state", "check_argument_devices", "check_outputs",
-    "describe_structure", "describe_value", "island_error", "same_device",
+    "REPLAY_FIX", "IslandCall", "autocast_state", "awaited", "check_argument_devices", "check_outputs",
+    "describe_structure", "describe_value", "island_error", "same_device", "storage_ptr",
 ]
 
 _Tensor = torch.Tensor
@@ -127,6 +128,7 @@ class IslandCall:
                     f"eager island {self.info} returned {describe_structure(out)} at replay; at "
                     f"capture (called at {self.where}) it returned {self.spec}, which fixed the "
                     f"static outputs the rest of the graph reads. {REPLAY_FIX}")
+            leaves = [awaited(x) for x in leaves]
         for i, (slot, x) in enumerate(zip(self.slots, leaves)):
             if slot is None:
                 if x is not None:
@@ -196,7 +198,7 @@ def check_outputs(info: IslandInfo, leaves: list, args: Any, where: str, device:
     memory (not an argument's storage, nor one ``owns`` claims: the graph pool's), and need no
     gradient (``grad``: grad mode was on). ``CaptureError`` naming the output otherwise."""
     arg_storages = {p for x in tree_flatten(args)[0] if isinstance(x, _Tensor)
-                    and (p := x.untyped_storage().data_ptr())}  # 0: no memory, nothing shared
+                    and (p := storage_ptr(x))}  # 0/None: no memory, nothing shared
     for i, x in enumerate(leaves):
         if x is None:
             continue
@@ -222,7 +224,15 @@ def check_outputs(info: IslandInfo, leaves: list, args: Any, where: str, device:
                 f"parameter before it. Capture inference under torch.no_grad() or "
                 f"torch.inference_mode(), or detach() the output inside the island if no "
                 f"gradient should flow through it")
-        if x.untyped_storage().data_ptr() in arg_storages or (owns is not None and owns(x)):
+        ptr = storage_ptr(x)
+        if ptr is None:
+            raise CaptureError(
+                f"eager island {info} (called at {where}) returned output {i}, a "
+                f"{type(x).__qualname__} (shape {tuple(x.shape)}, {x.dtype}) with no storage of "
+                f"its own: the graph copies each island output into a static buffer, which "
+                f"needs a plain tensor. Return a plain tensor (for a tensor subclass, the tensor "
+                f"it wraps)")
+        if ptr in arg_storages or (owns is not None and owns(x)):
             raise CaptureError(
                 f"eager island {info} (called at {where}) returned output {i} (shape "
                 f"{tuple(x.shape)}, {x.dtype}) sharing memory with one of its arguments (or a "
@@ -230,6 +240,32 @@ def check_outputs(info: IslandInfo, leaves: list, args: Any, where: str, device:
                 f"of each island output, so a write through it would not reach that tensor as "
                 f"it does in eager. Return a new tensor (x.clone()), or return nothing and use "
                 f"the tensor itself")
+
+
+def awaited(x: Any) -> Any:
+    """``x``, or, for a functional collective's result (an ``AsyncCollectiveTensor``: a wrapper
+    with no storage of its own, its collective possibly in flight), the plain tensor after its
+    collective completed. An island's collectives run eagerly and complete within the island,
+    as its other work does; the static buffer gets the finished value."""
+    if x.__class__ is _Tensor or not isinstance(x, _Tensor):
+        return x
+    # Only where torch.distributed's functional collectives are loaded can such a tensor exist.
+    fc = sys.modules.get("torch.distributed._functional_collectives")
+    if fc is not None and isinstance(x, fc.AsyncCollectiveTensor):
+        return x.trigger_wait()
+    return x
+
+
+def storage_ptr(x: torch.Tensor) -> int | None:
+    """The address of ``x``'s storage (a functional collective's result: of the tensor it
+    wraps); None for a tensor subclass with no storage of its own."""
+    fc = sys.modules.get("torch.distributed._functional_collectives")
+    if fc is not None and isinstance(x, fc.AsyncCollectiveTensor):
+        x = x.elem
+    try:
+        return x.untyped_storage().data_ptr()
+    except RuntimeError:  # "invalid python storage": a wrapper subclass
+        return None
 
 
 def describe_value(x: Any) -> str:

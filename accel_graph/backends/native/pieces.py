@@ -53,6 +53,7 @@ from ..capture_common.frames import user_frame
 from ..capture_common.island_outputs import (
     IslandCall,
     autocast_state,
+    awaited,
     check_argument_devices,
     check_outputs,
 )
@@ -160,6 +161,7 @@ class Pieces:
         with (lifted(flow) if flow is not None else contextlib.nullcontext()), running_island():
             out = fn(*args, **kwargs)
         leaves, spec = pytree.tree_flatten(out)
+        leaves = [awaited(x) for x in leaves]
         check_outputs(info, leaves, (args, kwargs), where, device, grad and not inference,
                       _in_ranges(host.pool_ranges()))
         outputs = [x for x in leaves if x is not None]

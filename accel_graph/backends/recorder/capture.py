@@ -85,6 +85,10 @@ class Capture:
         #: not reused within the capture, so a compiled stretch never writes where it reads an
         #: island's output (segmented.py would replay such a stretch interpreted).
         self.island_buffers: list[torch.Tensor] = []
+        #: The pool tensors alive at the last eager island, held until the next island (or the
+        #: capture stops), so the stretch after an island never reuses memory it reads from
+        #: before the island (islands.py; segmented.py would replay it interpreted).
+        self.island_pins: list[torch.Tensor] = []
         self.inputs: dict[int, InputRecord] = {}
         # Views of inputs created during capture map back to the input they view, so a stale
         # check watches the user's tensor and not our own view of it: id(view) -> (weak
@@ -140,6 +144,7 @@ class Capture:
         if runner is not None:
             islands_common.clear_runner(runner)
         self.island_buffers = []  # while the pool still listens: their deaths are logged
+        self.island_pins = []
         token, self._reads = self._reads, None
         if token is not None:
             hostreads.unwatch(token)
@@ -250,6 +255,16 @@ class Capture:
     def freeze(self, x: Any) -> Any:
         """``x`` with every pool tensor replaced by its location (no strong reference kept)."""
         return self._frozen(x, False)
+
+    def alive_tensors(self) -> list[torch.Tensor]:
+        """The pool tensors this capture has seen that are alive now (strong references: the
+        caller decides how long their memory stays unavailable to later allocations)."""
+        alive = []
+        for entry in self._locs.values():
+            t = entry[0]()
+            if t is not None:
+                alive.append(t)
+        return alive
 
     def live_outputs(self) -> list[PoolRef]:
         """Locations allocated by this capture whose tensors are still alive: the outputs."""

@@ -39,6 +39,7 @@ from ..capture_common.frames import user_frame
 from ..capture_common.island_outputs import (
     IslandCall,
     autocast_state,
+    awaited,
     check_argument_devices,
     check_outputs,
 )
@@ -70,6 +71,8 @@ class IslandCapture(Protocol):
     ran_to: int
     #: Static output buffers held until the capture stops (no reuse of their memory in it).
     island_buffers: list[torch.Tensor]
+    #: Pool tensors alive at the last island, held until the next one (or the capture stops).
+    island_pins: list[torch.Tensor]
 
     def invalidate(self, func: Any, exc: BaseException) -> None: ...
 
@@ -79,6 +82,8 @@ class IslandCapture(Protocol):
                         device: torch.device) -> torch.Tensor: ...
 
     def frozen_arg(self, x: Any) -> Any: ...
+
+    def alive_tensors(self) -> list[torch.Tensor]: ...
 
     def freeze(self, x: Any) -> Any: ...
 
@@ -127,11 +132,21 @@ def _capture_island(cap: IslandCapture, info: IslandInfo, fn: Callable[..., Any]
     check_argument_devices(info, (args, kwargs), where, cap.device)
     cap.sync_flags()  # settings changed since the last op belong to the piece before the island
     _run_piece(cap)
+    # Hold every pool tensor alive here until the next island: one that dies in the stretch
+    # after this island would otherwise have its memory reused there by a tensor that stretch
+    # writes, while the stretch also reads the dead one's value. A compiled stretch cannot
+    # alias its inputs and outputs (static shapes in AOT), so segmented.py replays such a
+    # stretch interpreted; held, every stretch compiles. What dies in the stretch becomes
+    # reusable at the next island (the following stretches cannot read it), so the pool
+    # grows by at most one stretch's dead tensors.
+    cap.island_pins = []  # the last island's first: what died since must not count as alive
+    cap.island_pins = cap.alive_tensors()
     grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
     autocast = autocast_state(cap.device.type)
     with lifted(cap.mode), running_island():
         out = fn(*args, **kwargs)
     leaves, spec = pytree.tree_flatten(out)
+    leaves = [awaited(x) for x in leaves]
     check_outputs(info, leaves, (args, kwargs), where, cap.device, grad and not inference,
                   cap.pool.owns)
     # Not under inference mode: pool tensors made there would be inference tensors (the pool
