@@ -82,7 +82,9 @@ class _IslandForward:
     An object, not a closure, so that ``copy.deepcopy`` and pickling of the module carry it over
     bound to the copy (a closure would keep calling the original module's forward)."""
 
-    __slots__ = ("module", "inner", "__weakref__")
+    # A real (empty) ``__dict__``: torch.compile guards on ``forward.__dict__``, which the
+    # forwarding ``__getattr__`` would otherwise answer with a fresh dict per lookup.
+    __slots__ = ("module", "inner", "__weakref__", "__dict__")
 
     def __init__(self, module: torch.nn.Module, inner: Any) -> None:
         self.module = module
@@ -108,7 +110,12 @@ class _IslandForward:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         runner = capture_runner()
         if runner is None:
-            return self._target()(*args, **kwargs)
+            if self.inner is not None:
+                return self.inner(*args, **kwargs)
+            # The class's function called on the module, not a method bound by hand: Dynamo
+            # (torch.compile of a model holding a marked module) resolves ``forward.__get__``
+            # on the instance, i.e. to this object again, and recursed without end.
+            return type(self.module).forward(self.module, *args, **kwargs)
         return runner(self.info, self._target(), args, kwargs)
 
     def __getattr__(self, name: str) -> Any:
