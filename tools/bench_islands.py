@@ -23,7 +23,8 @@ its experts as islands, against eager under ``inference_mode`` (interleaved roun
 
    Variants: eager (``inference_mode``), interpreted replay, compiled replay
    (``compile="inductor"``, ``replay: "compiled"``; each row says the mode it actually ran in:
-   ``replay_mode()`` and any compile fallback). Every call decodes at the same length: the
+   ``replay_mode()`` and any compile fallback), and compiled replay with Inductor's C++ wrapper
+   (``cpp_wrapper: True``, column ``cpp wrap``). Every call decodes at the same length: the
    cache's length counters (``cumulative_length``, the bundled decoder's explicit position)
    are set back before each call, untimed, so the cache never overflows and every variant does
    the same work. Each variant is checked against eager on three different tokens (routing
@@ -278,9 +279,10 @@ def _mean_call(case: DecodeCase, fn: Callable[[], Any], calls: int) -> float:
     return total / calls / 1e9
 
 
-def _capture(case: DecodeCase, compile_: str | None) -> tuple[Any, torch.Tensor, float]:
+def _capture(case: DecodeCase, compile_: str | None,
+             options: dict[str, Any] | None = None) -> tuple[Any, torch.Tensor, float]:
     g = accel_graph.Graph(device="cpu", compile=compile_,
-                          compile_options={"replay": "compiled"} if compile_ else None)
+                          compile_options={"replay": "compiled", **(options or {})} if compile_ else None)
     case.set_token(TOKENS[0])
     case.reset()
     t0 = time.perf_counter()
@@ -306,6 +308,16 @@ def _checked(case: DecodeCase, out: torch.Tensor, replay: Callable[[], Any]) -> 
     return bitwise, diff
 
 
+#: The replays of a decode case: name, ``compile=``, extra ``compile_options``. ``compiled_cpp``
+#: is Inductor's C++ wrapper (``CompileOptions(cpp_wrapper=True)``): the code calling the
+#: kernels is C++, which removes most of a compiled piece's Python call overhead per replay.
+DECODE_VARIANTS: tuple[tuple[str, str | None, dict[str, Any] | None], ...] = (
+    ("interpreted", None, None),
+    ("compiled", "inductor", None),
+    ("compiled_cpp", "inductor", {"cpp_wrapper": True}),
+)
+
+
 def decode_case_rows(case: DecodeCase, rounds: int, compile_: bool) -> dict[str, Any]:
     """Eager vs interpreted vs compiled replay of one decode case, interleaved medians, checks,
     the mode each replay ran in, and the per-replay split (islands vs the rest)."""
@@ -313,11 +325,11 @@ def decode_case_rows(case: DecodeCase, rounds: int, compile_: bool) -> dict[str,
                            **case.info}
     fns: dict[str, Callable[[], Any]] = {"eager": case.step}
     graphs: dict[str, Any] = {}
-    for name, how in (("interpreted", None), ("compiled", "inductor")):
+    for name, how, options in DECODE_VARIANTS:
         if how and not compile_:
             continue
         try:
-            g, out, seconds = _capture(case, how)
+            g, out, seconds = _capture(case, how, options)
         except Exception as exc:  # a variant that cannot run is a row saying why
             row[name] = {"status": "failed", "reason": f"{type(exc).__name__}: {exc}".splitlines()[0]}
             continue
@@ -349,7 +361,7 @@ def decode_case_rows(case: DecodeCase, rounds: int, compile_: bool) -> dict[str,
             split[name] = {"total_us": total * 1e6, "islands_us": islands,
                            "rest_us": total * 1e6 - islands}
         row["split"] = split
-    row["targets_x_eager"] = {"interpreted": 0.6, "compiled": 0.35}
+    row["targets_x_eager"] = {"interpreted": 0.6, "compiled": 0.35, "compiled_cpp": 0.35}
     return row
 
 
@@ -379,13 +391,13 @@ def print_decode(rows: dict[str, Any], rounds: int) -> None:
     print(f"decode step, batch 1, one token at a fixed cache length (medians of {rounds} "
           f"interleaved rounds of {CALLS} calls; targets: interpreted <= 0.6x, compiled <= 0.35x)")
     print(f"  {'model/experts':<22}{'islands':>8}{'eager us':>10}{'interp us':>10}{'x':>7}"
-          f"{'compiled us':>12}{'x':>7}  checks, mode")
+          f"{'compiled us':>12}{'x':>7}{'cpp wrap us':>12}{'x':>7}  checks, mode")
     for key, r in rows.items():
         if r["status"] != "ok":
             print(f"  {key:<22} {r['status']}: {r['reason']}")
             continue
         cells, notes = [], []
-        for name in ("interpreted", "compiled"):
+        for name in ("interpreted", "compiled", "compiled_cpp"):
             v = r.get(name)
             if v is None or v["status"] != "ok":
                 cells.append(f"{'-':>{10 if name == 'interpreted' else 12}}{'-':>7}")
@@ -395,7 +407,7 @@ def print_decode(rows: dict[str, Any], rounds: int) -> None:
             cells.append(f"{v['us']:>{10 if name == 'interpreted' else 12}.0f}{v['x_eager']:>7.3f}")
             check = "bitwise" if v["bitwise_equal"] else f"|d|={v['max_abs_diff']:.1e}"
             fell = f", fell back: {v['compile_fallback'][:60]}" if v.get("compile_fallback") else ""
-            notes.append(f"{name[:6]} {check} ran {v['ran']}{fell}")
+            notes.append(f"{name} {check} ran {v['ran']}{fell}")
         print(f"  {key:<22}{r['islands']:>8}{r['eager_us']:>10.0f}{''.join(cells)}  {'; '.join(notes)}")
         if "split" in r:
             parts = " | ".join(f"{n} {v['total_us']:.0f} = islands {v['islands_us']:.0f} + rest "
