@@ -39,7 +39,7 @@ if TYPE_CHECKING:
         register_graph_replay_end_hook,
         register_graph_replay_start_hook,
     )
-    from .graphs.islands import eager_island
+    from .graphs.islands import eager_island, is_eager_island
     from .runner import GraphRunner, suggest_buckets
 
 #: Public names that need torch, imported on first access so that the allocator tools
@@ -52,6 +52,7 @@ _LAZY: dict[str, str] = {
     "OutOfMemoryError": ".errors",
     "EmptyGraphWarning": ".graphs.graph_checks",
     "eager_island": ".graphs.islands",
+    "is_eager_island": ".graphs.islands",
     "Graph": ".graphs.graph",
     "graph": ".graphs.graph",
     "graph_pool_handle": ".graphs.graph",
@@ -93,6 +94,7 @@ __all__ = [
     "check_capturable",
     "current_backend",
     "eager_island",
+    "is_eager_island",
     "get_backend",
     "graph",
     "graph_pool_handle",

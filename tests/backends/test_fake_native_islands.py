@@ -495,10 +495,12 @@ def test_fake_island_returning_a_static_tensor_of_the_graph_is_refused(cuda: Fak
     """An output in the graph pool's memory (as torch's snapshot reports its segments) is a
     static tensor of the graph: the caller would get a copy, and writes would miss it."""
     static = torch.ones(4)
+    # Behind an object, not in the closure: the held-tensor check would refuse it first.
+    holder = type("Holder", (), {"t": static})()
 
     @accel_graph.eager_island
     def leak(x: torch.Tensor) -> torch.Tensor:
-        return static
+        return holder.t
 
     g = accel_graph.Graph(device="cuda:0")
     with pytest.raises(CaptureError, match=r"leak.* sharing memory .*static tensor of the graph"):

@@ -29,7 +29,8 @@ from .pytree import tree_flatten
 
 __all__ = [
     "REPLAY_FIX", "IslandCall", "autocast_state", "awaited", "check_argument_devices", "check_outputs",
-    "describe_structure", "describe_value", "island_error", "same_device", "storage_ptr",
+    "describe_structure", "describe_value", "held_storages", "is_island_exception", "island_error",
+    "mark_island_exception", "same_device", "storage_ptr",
 ]
 
 _Tensor = torch.Tensor
@@ -88,6 +89,9 @@ class IslandCall:
             with _InferenceMode(False):
                 _set_grad_enabled(self.grad)
                 return self.fn(*args, **kwargs)
+        except BaseException as exc:
+            mark_island_exception(exc)
+            raise
         finally:
             leave_island()
 
@@ -104,6 +108,9 @@ class IslandCall:
                 with _InferenceMode(False):
                     _set_grad_enabled(self.grad)
                     out = self.fn(*args, **kwargs)
+        except BaseException as exc:  # no cost on the path that raises nothing
+            mark_island_exception(exc)
+            raise
         finally:
             leave_island()
         if self._single and out.__class__ is _Tensor:
@@ -172,7 +179,27 @@ def island_error(message: str) -> ReplayError:
     recorder's checked first run that the caller's island failed, not the compiled program."""
     err = ReplayError(message)
     err.island = True  # type: ignore[attr-defined]
+    mark_island_exception(err)
     return err
+
+
+#: Set on an exception an island raised (its own, or :func:`island_error`'s) at replay.
+_ISLAND_EXCEPTION = "_accel_graph_island_error"
+
+
+def mark_island_exception(exc: BaseException) -> None:
+    """Mark ``exc`` as raised by an island at replay: the caller's error, never a failure of
+    the program around it (the recorder's checked first compiled run lets it through instead of
+    falling back to interpreted replay)."""
+    try:
+        setattr(exc, _ISLAND_EXCEPTION, True)
+    except Exception:  # an exception type that takes no attributes: left unmarked
+        pass
+
+
+def is_island_exception(exc: BaseException) -> bool:
+    """Whether an island raised ``exc`` at replay (:func:`mark_island_exception`)."""
+    return bool(getattr(exc, _ISLAND_EXCEPTION, False))
 
 
 def same_device(a: torch.device, b: torch.device) -> bool:
@@ -193,12 +220,19 @@ def check_argument_devices(info: IslandInfo, args: Any, where: str, device: torc
 
 
 def check_outputs(info: IslandInfo, leaves: list, args: Any, where: str, device: torch.device,
-                  grad: bool, owns: Callable[[torch.Tensor], bool] | None = None) -> None:
+                  grad: bool, owns: Callable[[torch.Tensor], bool] | None = None,
+                  held: frozenset[int] | set[int] = frozenset()) -> None:
     """Island outputs (``leaves``, flattened) must be tensors (or None) of ``device``, in fresh
-    memory (not an argument's storage, nor one ``owns`` claims: the graph pool's), and need no
-    gradient (``grad``: grad mode was on). ``CaptureError`` naming the output otherwise."""
+    memory (not an argument's storage, nor one ``owns`` claims: the graph pool's, nor one in
+    ``held``: :func:`held_storages` of the island, nor another output's), and need no
+    gradient (``grad``: grad mode was on). ``CaptureError`` naming the output otherwise.
+
+    Why fresh memory: the rest of the graph reads a static copy of each output, so a write
+    through an output that shares memory with anything would not reach it, as it does in eager
+    (a silent wrong result)."""
     arg_storages = {p for x in tree_flatten(args)[0] if isinstance(x, _Tensor)
                     and (p := storage_ptr(x))}  # 0/None: no memory, nothing shared
+    seen: dict[int, int] = {}  # storage address -> the first output living there
     for i, x in enumerate(leaves):
         if x is None:
             continue
@@ -232,6 +266,22 @@ def check_outputs(info: IslandInfo, leaves: list, args: Any, where: str, device:
                 f"its own: the graph copies each island output into a static buffer, which "
                 f"needs a plain tensor. Return a plain tensor (for a tensor subclass, the tensor "
                 f"it wraps)")
+        if ptr and ptr in seen:
+            raise CaptureError(
+                f"eager island {info} (called at {where}) returned outputs {seen[ptr]} and {i} "
+                f"sharing memory (the same tensor twice, or views of one): each output gets a "
+                f"static buffer of its own, so a write through one would not show in the other "
+                f"as it does in eager. Return the tensor once, or return independent tensors "
+                f"(.clone() one of them)")
+        seen.setdefault(ptr, i)
+        if ptr and ptr in held:
+            raise CaptureError(
+                f"eager island {info} (called at {where}) returned output {i} (shape "
+                f"{tuple(x.shape)}, {x.dtype}) sharing memory with a tensor the island holds (a "
+                f"parameter, buffer or tensor attribute of its module, or a tensor in its closure "
+                f"or globals): the rest of the graph reads a static copy of each island output, "
+                f"so a write through it would not reach that tensor as it does in eager. Return "
+                f"a new tensor (x.clone()), or read the held tensor outside the island")
         if ptr in arg_storages or (owns is not None and owns(x)):
             raise CaptureError(
                 f"eager island {info} (called at {where}) returned output {i} (shape "
@@ -240,6 +290,43 @@ def check_outputs(info: IslandInfo, leaves: list, args: Any, where: str, device:
                 f"of each island output, so a write through it would not reach that tensor as "
                 f"it does in eager. Return a new tensor (x.clone()), or return nothing and use "
                 f"the tensor itself")
+
+
+def held_storages(fn: Any) -> set[int]:
+    """Storage addresses of the tensors island ``fn`` holds, as far as they can be found
+    cheaply: the parameters, buffers and tensor attributes of the module a bound ``forward``
+    belongs to (and of its submodules), and tensors (or modules) in the function's closure and
+    in the globals its code names. Called at capture only."""
+    ptrs: set[int] = set()
+
+    def add(v: Any) -> None:
+        if isinstance(v, _Tensor):
+            p = storage_ptr(v)
+            if p:
+                ptrs.add(p)
+        elif isinstance(v, torch.nn.Module):
+            for m in v.modules():
+                for t in (*m._parameters.values(), *m._buffers.values(), *vars(m).values()):
+                    if isinstance(t, _Tensor):
+                        add(t)
+
+    for _ in range(32):  # a bounded walk down __wrapped__ chains
+        add(getattr(fn, "__self__", None))
+        func = getattr(fn, "__func__", fn)
+        for cell in getattr(func, "__closure__", None) or ():
+            try:
+                add(cell.cell_contents)
+            except ValueError:  # an empty cell
+                pass
+        code, names = getattr(func, "__code__", None), getattr(func, "__globals__", None)
+        if code is not None and isinstance(names, dict):
+            for name in code.co_names:
+                add(names.get(name))
+        inner = getattr(fn, "__wrapped__", None)
+        if inner is None or inner is fn:
+            break
+        fn = inner
+    return ptrs
 
 
 def awaited(x: Any) -> Any:

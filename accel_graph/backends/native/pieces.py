@@ -56,6 +56,7 @@ from ..capture_common.island_outputs import (
     awaited,
     check_argument_devices,
     check_outputs,
+    held_storages,
 )
 from ..capture_common.islands import IslandInfo, refusal, running_island
 
@@ -163,7 +164,7 @@ class Pieces:
         leaves, spec = pytree.tree_flatten(out)
         leaves = [awaited(x) for x in leaves]
         check_outputs(info, leaves, (args, kwargs), where, device, grad and not inference,
-                      _in_ranges(host.pool_ranges()))
+                      _in_ranges(host.pool_ranges()), held_storages(fn))
         outputs = [x for x in leaves if x is not None]
         slots: list[int | None] = []
         for x in leaves:

@@ -42,6 +42,7 @@ from ..capture_common.island_outputs import (
     awaited,
     check_argument_devices,
     check_outputs,
+    held_storages,
 )
 from ..capture_common.islands import IslandInfo, Runner, refusal, running_island
 from . import ops as opinfo
@@ -148,7 +149,7 @@ def _capture_island(cap: IslandCapture, info: IslandInfo, fn: Callable[..., Any]
     leaves, spec = pytree.tree_flatten(out)
     leaves = [awaited(x) for x in leaves]
     check_outputs(info, leaves, (args, kwargs), where, cap.device, grad and not inference,
-                  cap.pool.owns)
+                  cap.pool.owns, held_storages(fn))
     # Not under inference mode: pool tensors made there would be inference tensors (the pool
     # caches the tensors it makes views of), which compiled replay and users cannot write.
     with _disable_current_modes(), torch.no_grad():

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from ...errors import ReplayError
+from ..capture_common.island_outputs import IslandCall
 from . import collective_replay, collectives
 from .pool_protocol import GraphPool, PoolRef
 from .steps import InputRecord, Step
@@ -209,7 +210,9 @@ def _emit_call(em: _Emitter, step: Step) -> None:
         em.call(_run_while, (pred, build_replay(cond_steps, []), build_replay(body_steps, [])), {})
     elif kind == "host":  # a Python call: generator state (rng.HostCall), an eager island
         # An island's host step writes static outputs (islands.IslandCall): passed last.
-        em.call(step.extra, (*step.args, step.outputs) if step.outputs else step.args, {})
+        # (An island with no tensor outputs gets an empty tuple: a generator call gets none.)
+        island = isinstance(step.extra, IslandCall)
+        em.call(step.extra, (*step.args, step.outputs) if step.outputs or island else step.args, {})
     elif kind == "collective":
         fn = collective_replay.replay_fn(step.func, step.args, step.kwargs, step.outputs,
                                          em.collectives,

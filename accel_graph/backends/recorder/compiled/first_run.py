@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from ....errors import ReplayError
+from ...capture_common.island_outputs import is_island_exception
 from ...capture_common.pytree import tree_flatten
 from ..islands import is_island_step
 from ..pool_protocol import GraphPool, PoolRef
@@ -164,9 +165,10 @@ class FirstRun:
         try:
             self._run()
         except Exception as exc:
-            if isinstance(exc, ReplayError) and getattr(exc, "island", False):
-                # An eager island's outputs did not match (islands.py): the caller's error,
-                # not a compile failure; the next replay is a checked first run again.
+            if is_island_exception(exc):
+                # An eager island raised (its own error, or its outputs did not match): the
+                # caller's error, not a compile failure; the next replay is a checked first
+                # run again.
                 raise
             if restore is not None:
                 restore()
