@@ -54,7 +54,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # The package face: lazy public names over the layers below. Everything above uses the
     # public API through it, as a user would.
     ("accel_graph",),
-    ("accel_graph.models", "accel_graph.bench", "accel_graph.testing"),
+    ("accel_graph.models", "accel_graph.bench", "accel_graph.testing", "accel_graph.serving"),
     ("accel_graph.cli",),
 )
 
