@@ -36,6 +36,7 @@ __all__ = [
     "PoolHandle",
     "PoolStats",
     "available_backends",
+    "memory_planner",
     "current_backend",
     "get_backend",
     "probe_all",
@@ -373,3 +374,15 @@ def _route(dev: torch.device) -> Backend:
 def current_backend() -> Backend:
     """The backend a ``Graph()`` without ``device=`` would use here."""
     return select_backend(None)[0]
+
+
+def memory_planner(device: torch.device, settings: Any, policy: str = "native", *,
+                   recycle: bool = True, record_events: bool = False) -> Any:
+    """A memory planner (``accel_graph.backends.recorder.memory_plan.MemoryPlanner``): captures
+    recorded on metadata and booked on an allocator engine under ``settings``
+    (``EngineSettings``) and ``policy``, for ``GraphRunner.plan_memory()`` and
+    ``plan_graph_memory()`` on every device. The recorder's recording serves every backend's
+    plan (the registry is the one way to the recorder); it is imported on first use."""
+    from .recorder.memory_plan import MemoryPlanner
+
+    return MemoryPlanner(device, settings, policy, recycle=recycle, record_events=record_events)

@@ -33,6 +33,7 @@ from .group import GroupInfo
 from .guard import CallGuard
 from .inputs import ExampleInputs
 from .islands import resolve_islands
+from .memory_plan import plan_runner
 from .options import RunnerOptions, check_settings, verify_checks
 from .reports import memory_report, stats
 from .runtime import RunnerRuntime
@@ -385,6 +386,26 @@ class GraphRunner:
         """Per-bucket memory from the allocator and the pool total (JSON-ready; schema
         ``accel_graph.runner.memory/1`` in ``docs/runner.md``)."""
         return memory_report(self._runtime)
+
+    def plan_memory(self, trace: str | None = None, *, alloc_conf: str | None = None) -> dict[str, Any]:
+        """The memory this runner's graphs will take, predicted without capturing (JSON-ready;
+        schema ``accel_graph.runner.memory-plan/1`` in ``docs/runner.md`` "Memory plan").
+
+        Records every bucket on metadata, largest first into one planned pool, and books each
+        allocation on the allocator engine under the target device's rules: no capture, no
+        kernel, no device memory; the runner is unchanged (``memory_report()`` still shows no
+        bucket captured). ``trace``: also write the planned pool's allocations as a
+        memory-snapshot trace (``accel-alloc tune`` ranks settings on it). ``alloc_conf``: plan
+        under this allocator config string instead of the environment's. Raises the
+        ``CaptureError`` capture would raise (a refused op, a data-dependent size), naming the
+        op and its line. (:func:`~accel_graph.runner.memory_plan.plan_runner`.)
+        """
+        guard = self._guard
+        guard.enter(False, "plan_memory()")
+        try:
+            return plan_runner(self._runtime, trace=trace, alloc_conf=alloc_conf)
+        finally:
+            guard.exit()
 
     def stats(self) -> dict[str, Any]:
         """Replays per bucket, eager fallbacks and why, padding waste (JSON-ready; schema

@@ -130,11 +130,16 @@ class Capture:
         hold_exit_guard(self)
         self.rng.begin()
         hostreads.acquire()
-        self._island_runner = islands_common.set_runner(islands.make_runner(self))
+        self._island_runner = islands_common.set_runner(self.make_island_runner())
         ref = weakref.ref(self)
         self._reads = hostreads.watch(
             self.device.type, lambda: (c := ref()) is not None and c.over is None,
             rng.weak_method(self, "_refused"))
+
+    def make_island_runner(self) -> islands_common.Runner:
+        """How this capture runs eager islands (a memory plan's capture runs them on metadata:
+        :mod:`.plan_islands`)."""
+        return islands.make_runner(self)
 
     def _release_reads(self) -> None:
         """Stop checking host reads and running islands here (idempotent; from any thread: a

@@ -105,9 +105,14 @@ class EnginePool(GraphPool):
     ``limit`` caps the bytes the pool reserves (None: no cap).
     """
 
-    def __init__(self, device: torch.device, limit: int | None = None) -> None:
+    def __init__(self, device: torch.device, limit: int | None = None, *,
+                 settings: EngineSettings | None = None) -> None:
         super().__init__(device)
-        self.engine = Engine(policy="native", upstream="host", settings=EngineSettings(cap=limit))
+        # ``settings``: a memory plan's target allocator (recorder/memory_plan.py); graph pools
+        # use torch's defaults.
+        if settings is None:
+            settings = EngineSettings(cap=limit)
+        self.engine = Engine(policy="native", upstream="host", settings=settings)
         self._segment_index: list[tuple[int, int]] = []
         self._segment_bases: dict[tuple[int, torch.dtype], torch.Tensor] = {}
         # key <-> storage id of each DLPack block not yet booked dead (deaths arrive as keys)

@@ -12,6 +12,9 @@ error always names the line that called it.
 
 from __future__ import annotations
 
+import contextlib
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -51,7 +54,7 @@ class Plan:
     """
 
     __slots__ = ("kind", "rets", "specs", "device", "single", "structure", "strategy",
-                 "positions", "prewrap", "grad")
+                 "positions", "prewrap", "grad", "meta")
 
     def __init__(self, kind: str) -> None:
         self.kind = kind
@@ -69,6 +72,8 @@ class Plan:
         #: functional: the kernel's outputs depend on grad mode, which was on at capture:
         #: replay (under inference mode) runs the op with grad mode on
         self.grad = False
+        #: functional: its tensor outputs are on the meta device (refused, except in a plan)
+        self.meta = False
 
 
 #: Plans by op key, shared by every capture in the process.
@@ -87,6 +92,8 @@ def plan_for(func: OpOverload, args: tuple, kwargs: dict) -> Plan | None:
     except TypeError:  # an unhashable argument: decide afresh, cache nothing
         key, plan = None, None
     if plan is not None:
+        if plan.meta and not getattr(_PLANNING, "meta", False):
+            _refuse_meta(func)
         return plan
     if collective_rules.is_collective(func):
         plan = _plan_collective(func, args, kwargs, key)
@@ -118,7 +125,35 @@ def plan_for(func: OpOverload, args: tuple, kwargs: dict) -> Plan | None:
         if len(_PLANS) >= CACHE_MAX:
             _PLANS.clear()
         _PLANS[key] = plan
+    if plan.meta and not getattr(_PLANNING, "meta", False):
+        _refuse_meta(func)
     return plan
+
+
+#: ``meta``: a memory plan records on this thread with ``meta`` pool tensors
+#: (``recorder/memory_plan.py``), so outputs computed from them are meta too.
+_PLANNING = threading.local()
+
+
+@contextlib.contextmanager
+def meta_outputs_allowed() -> Iterator[None]:
+    """Within the block (this thread), functional ops whose outputs land on the meta device are
+    planned instead of refused: a memory plan's pool tensors are meta tensors."""
+    before = getattr(_PLANNING, "meta", False)
+    _PLANNING.meta = True
+    try:
+        yield
+    finally:
+        _PLANNING.meta = before
+
+
+def _refuse_meta(func: OpOverload) -> None:
+    # The pool has no meta memory: its tensor would be a real one on the capture's device,
+    # silently not the meta tensor eager returns. Refused instead.
+    raise CaptureError(
+        f"{func} makes a tensor on the meta device (called at {user_frame()}); a recorder "
+        f"capture allocates every output in the graph's pool, which holds no meta tensors. "
+        f"Create meta tensors outside the capture.")
 
 
 def _plan_functional(func: OpOverload, args: tuple, kwargs: dict, key: Any,
@@ -159,13 +194,7 @@ def _plan_functional(func: OpOverload, args: tuple, kwargs: dict, key: Any,
         specs.append((m.shape, stride, m.dtype))
     plan.specs = tuple(specs)
     plan.device = _output_device(args, kwargs)
-    if plan.device.type == "meta" and any(s[0] is not None for s in specs):
-        # The pool has no meta memory: its tensor would be a real one on the capture's device,
-        # silently not the meta tensor eager returns. Refused instead.
-        raise CaptureError(
-            f"{func} makes a tensor on the meta device (called at {user_frame()}); a recorder "
-            f"capture allocates every output in the graph's pool, which holds no meta tensors. "
-            f"Create meta tensors outside the capture.")
+    plan.meta = plan.device.type == "meta" and any(s[0] is not None for s in specs)
     plan.single = isinstance(out, torch.Tensor)
     plan.structure = out
     plan.positions = tuple(i for i, s in enumerate(specs) if s[0] is not None)

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from ...allocator.core.engine import OP, OP_DTYPE, Engine
+from ...allocator.core.settings import EngineSettings
 from ...errors import OutOfMemoryError, PoolError
 from ..base import PoolStats
 
@@ -76,12 +77,14 @@ def refs_overlap(a: PoolRef, b: PoolRef) -> bool:
     return a.byte_offset < b_end and b.byte_offset < a_end
 
 
-def standalone_peak(events: list[PoolEvent]) -> int:
+def standalone_peak(events: list[PoolEvent], settings: EngineSettings | None = None,
+                    policy: str = "native") -> int:
     """Peak reserved bytes of an allocation log replayed on an empty pool.
 
-    The log runs in one C call on a fresh ``native`` engine over the counting upstream (books
-    only, no memory), the policy both pools allocate with, so a first capture into an empty
-    pool reports the same figure as the pool's own growth.
+    The log runs in one C call on a fresh engine over the counting upstream (books only, no
+    memory); by default ``native`` with torch's default settings, the policy both pools allocate
+    with, so a first capture into an empty pool reports the same figure as the pool's own
+    growth (a memory plan passes its target device's ``settings`` and ``policy``).
     """
     ops = np.zeros(len(events), dtype=OP_DTYPE)
     slots: dict[int, int] = {}
@@ -94,7 +97,7 @@ def standalone_peak(events: list[PoolEvent]) -> int:
         elif key in slots:
             ops[n] = (OP["free"], 0, 0, slots[key], 0)
             n += 1
-    with Engine(policy="native", upstream="counting") as sim:
+    with Engine(policy=policy, upstream="counting", settings=settings) as sim:
         sim.replay(ops[:n], n_slots=max(len(slots), 1))
         return sim.memory_stats()["reserved_bytes.all.peak"]
 

@@ -1,0 +1,244 @@
+"""``GraphRunner.plan_memory()``: the memory the runner's graphs will take, known before capture.
+
+The plan walks the ladder as :func:`~accel_graph.runner.capture.capture_buckets` would (largest
+bucket first, one shared pool, each bucket's outputs kept, ``share_outputs`` copied into the
+first bucket's outputs) but records each bucket on metadata through the recorder's planning
+machinery (``accel_graph.backends.memory_planner``): nothing is captured, no kernel runs, no
+device memory is taken, and the runner's state (static inputs, pool, buckets) is untouched. Every
+allocation the capture would make is booked, as it is made, on a fresh allocator engine under
+the target device's rules (:func:`target_settings`), so the figures are the allocator's: segment
+sizes, rounding, reuse of memory that died within the pool, expandable segments when set.
+
+The warm-up's peak is predicted from the same allocation sequences on an ordinary (non-pool)
+engine (:meth:`MemoryPlanner.warmup_peak`). Eager islands' outputs are planned; their own
+temporaries are listed under ``unplanned``.
+
+Schema ``accel_graph.runner.memory-plan/1`` (docs/runner.md "Memory plan").
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from ..allocator.alloc_conf import AllocatorSettings, parse_config, settings_from_environment
+from ..allocator.core.settings import EngineSettings
+from ..allocator.devices import device_kind
+from ..backends import memory_planner
+from ..errors import ConfigError
+from ..foundation.gc_pause import gc_paused
+from .runtime import RunnerRuntime
+from .support import broadcast_outputs
+
+__all__ = ["PLAN_SCHEMA", "TargetSettings", "plan_runner", "plan_steps", "target_settings",
+           "write_trace"]
+
+PLAN_SCHEMA = "accel_graph.runner.memory-plan/1"
+
+
+class TargetSettings:
+    """The allocator a plan models: engine settings and policy, whether blocks are reused
+    within the pool, and what the report says about them."""
+
+    def __init__(self, engine: EngineSettings, policy: str, recycle: bool, parsed: AllocatorSettings,
+                 source: str, device_type: str) -> None:
+        self.engine = engine
+        self.policy = policy
+        self.recycle = recycle
+        self.parsed = parsed
+        self.source = source
+        self.device_type = device_type
+
+    def report(self) -> dict[str, Any]:
+        """The settings as the plan reports them (torch's snapshot field names)."""
+        shown = dict(self.parsed.to_snapshot_dict())
+        shown.update({"policy": self.policy, "source": self.source,
+                      "expandable_segments": bool(self.engine.expandable_segments),
+                      "reuses_freed_blocks": self.recycle})
+        return shown
+
+
+def target_settings(backend: str, device: torch.device, alloc_conf: str | None = None) -> TargetSettings:
+    """The allocator that serves graph pools of ``backend`` on ``device``.
+
+    - ``recorder`` on the CPU: its pool is the engine with torch's default settings (it reads
+      no ``PYTORCH_ALLOC_CONF``), blocks reused as they die;
+    - ``recorder`` on another device: the same engine, but blocks are never reused within the
+      pool's life (``backends/recorder/device_pool.py``);
+    - a native backend (cuda, hip, xpu): torch's caching allocator for that device, under the
+      config its torch reads now (``PYTORCH_ALLOC_CONF`` / the device's variable).
+
+    ``alloc_conf`` (a config string) replaces what the environment says: what-if plans, e.g.
+    ``"expandable_segments:True"``. Raises ConfigError for a malformed string.
+    """
+    if backend == "recorder":
+        kind = "cuda"  # the engine's native policy: CUDA's caching allocator
+        parsed = parse_config(alloc_conf or "", device=kind)
+        source = ("alloc_conf argument" if alloc_conf else
+                  "the recorder's pool: torch's default settings (no PYTORCH_ALLOC_CONF read)")
+        recycle = device.type == "cpu"
+    else:
+        try:
+            info = device_kind(backend)
+        except (KeyError, ValueError, ConfigError):
+            info, kind = device_kind("cuda"), "cuda"
+        if alloc_conf is not None:
+            parsed, source = parse_config(alloc_conf, device=info.name), "alloc_conf argument"
+        else:
+            parsed, var = settings_from_environment(device=info.name)
+            source = var or "torch's defaults (no allocator config variable set)"
+        kind = info.name
+        recycle = True
+    info = device_kind(kind)
+    engine = EngineSettings.from_allocator_settings(parsed)
+    return TargetSettings(engine, info.engine_policy, recycle, parsed, source, info.name)
+
+
+def plan_steps(planner: Any, steps: list[tuple[str, Callable[[], Any], Callable[[Any], Any] | None]],
+               ) -> list[dict[str, Any]]:
+    """Plan ``steps`` in order into ``planner``'s pool: ``(label, call, keep)`` where ``call()``
+    runs the step and ``keep(outputs)`` returns what stays alive after it (None: everything).
+    Returns one row per step with ``incremental_bytes``, ``standalone_bytes``,
+    ``pool_after_bytes`` and ``output_bytes``; kept outputs stay alive in ``planner.kept``."""
+    rows = []
+    kept: list[Any] = getattr(planner, "kept", [])
+    planner.kept = kept
+    for label, call, keep in steps:
+        cp = planner.plan(lambda c=call: c(), (), {})
+        outs = cp.outputs if keep is None else keep(cp.outputs)
+        leaves = [x for x in pytree.tree_leaves(cp.outputs) if isinstance(x, torch.Tensor)]
+        rows.append({"label": label, "incremental_bytes": cp.incremental_bytes,
+                     "standalone_bytes": cp.standalone_bytes,
+                     "pool_after_bytes": cp.reserved_after_bytes,
+                     "output_bytes": sum(x.numel() * x.element_size() for x in leaves)})
+        cp.outputs = None
+        kept.append(outs)
+        del outs, leaves
+    return rows
+
+
+def plan_runner(rt: RunnerRuntime, *, trace: str | None = None, alloc_conf: str | None = None,
+                ) -> dict[str, Any]:
+    """The memory plan of ``rt``'s ladder (schema :data:`PLAN_SCHEMA`); see the module.
+
+    ``trace``: also write the planned pool's allocations as a memory-snapshot trace there
+    (``accel-alloc tune`` ranks settings on it). Raises the CaptureError capture would raise
+    (a refused op, a data-dependent size), with the op and its line; nothing of the runner
+    changes either way.
+    """
+    t0 = time.perf_counter()
+    opts = rt.options
+    target = target_settings(rt.backend.name, opts.device, alloc_conf)
+    planner = memory_planner(opts.device, target.engine, target.policy, recycle=target.recycle,
+                             record_events=trace is not None)
+    region: list[Any] = []  # share_outputs: the first bucket's outputs, written by later ones
+    dims: list[Any] = []
+
+    def step_for(b: int) -> tuple[Callable[[], Any], Callable[[Any], Any]]:
+        args, kwargs = rt.bucket_args(b)
+
+        def call() -> Any:
+            with opts.islands.marking():
+                out = opts.fn(*args, **kwargs)
+            views = _region_views(region, dims, out, b)
+            for dst, src in zip(views or (), pytree.tree_leaves(out)):
+                dst.copy_(src)  # recorded as capture records it: a write, no allocation
+            return out
+
+        def keep(out: Any) -> Any:
+            if region and _region_views(region, dims, out, b) is not None:
+                return None  # copied into the region: the graph's own outputs die
+            if rt.share_outputs and not region:
+                leaves, spec = pytree.tree_flatten(out)
+                region.extend(leaves)
+                dims.extend(broadcast_outputs(opts.output_batch_dim, spec))
+            return out
+
+        return call, keep
+
+    steps = []
+    for bucket in reversed(rt.buckets):  # largest first, as capture
+        call, keep = step_for(bucket.size)
+        steps.append((str(bucket.size), call, keep))
+    with torch.no_grad(), gc_paused():
+        rows = plan_steps(planner, steps)
+        stats = planner.pool_stats()
+        warm = planner.warmup_peak()
+        out_bytes = _distinct_bytes(planner.kept, planner.pool.owns)
+        planner.kept = []
+    result = {
+        "schema": PLAN_SCHEMA,
+        "device": str(opts.device),
+        "backend": rt.backend.name,
+        "compile": opts.compile,
+        "allocator_settings": target.report(),
+        "pool_reserved_bytes": stats["reserved"],
+        "pool_peak_reserved_bytes": stats["peak_reserved"],
+        "warmup_peak_bytes": warm,
+        "static_input_bytes": sum(s.static.numel() * s.static.element_size() for s in rt.inputs),
+        "static_output_bytes": out_bytes,
+        "unplanned": list(planner.unplanned),
+        "planning_seconds": 0.0,
+        "buckets": sorted(({
+            "bucket": int(r["label"]),
+            "incremental_bytes": r["incremental_bytes"],
+            "standalone_bytes": r["standalone_bytes"],
+            "pool_after_bytes": r["pool_after_bytes"],
+            "output_bytes": r["output_bytes"],
+            "status": "planned",
+        } for r in rows), key=lambda r: r["bucket"]),
+    }
+    if trace is not None:
+        write_trace(planner, target, trace, what=f"GraphRunner ladder {list(opts.ladder)}")
+        result["trace"] = str(trace)
+    result["planning_seconds"] = time.perf_counter() - t0
+    return result
+
+
+def write_trace(planner: Any, target: TargetSettings, path: str, what: str) -> None:
+    """Write the planned pool's allocations as a memory-snapshot trace at ``path`` (format by
+    suffix, as ``accel-alloc generate``), for ``accel-alloc tune``/``simulate``/``inspect``."""
+    from ..allocator.traces.files import save_trace
+    from ..allocator.traces.model import Trace
+
+    events, segments = planner.drain_events()
+    events = events[events["seq"].argsort(kind="stable")]
+    events["time_us"] = range(0, 5 * len(events), 5)  # a synthetic clock: deterministic traces
+    settings = dict(target.parsed.to_snapshot_dict())
+    settings["accel_graph_memory_plan"] = {"what": what, "policy": target.policy,
+                                          "source": target.source}
+    trace = Trace.from_events(events, device_type=target.device_type, segments=segments,
+                              allocator_settings=settings)
+    save_trace(trace, path)
+
+
+def _region_views(region: list[Any], dims: list[Any], out: Any, b: int) -> list[Any] | None:
+    """Views of the shared output region for bucket ``b``'s outputs, or None (as the runner's
+    ``_region_for``: no region, another structure, or outputs the region cannot hold)."""
+    if not region:
+        return None
+    leaves = pytree.tree_leaves(out)
+    if len(leaves) != len(region):
+        return None
+    views = []
+    for x, d, y in zip(region, dims, leaves):
+        v = x if d is None else (x.narrow(d, 0, b) if x.shape[d] >= b else None)
+        if v is None or v.shape != y.shape or v.dtype != y.dtype:
+            return None
+        views.append(v)
+    return views
+
+
+def _distinct_bytes(kept: list[Any], in_pool: Callable[[torch.Tensor], bool]) -> int:
+    """Bytes of the distinct pool storages among the kept outputs (views counted once)."""
+    seen: dict[int, int] = {}
+    for out in kept:
+        for x in pytree.tree_leaves(out):
+            if isinstance(x, torch.Tensor) and in_pool(x):
+                s = x.untyped_storage()
+                seen[s._cdata] = s.nbytes()
+    return sum(seen.values())
