@@ -40,6 +40,7 @@ if TYPE_CHECKING:
         register_graph_replay_start_hook,
     )
     from .graphs.islands import eager_island, is_eager_island
+    from .graphs.memory_plan import plan_graph_memory
     from .runner import GraphRunner, suggest_buckets
 
 #: Public names that need torch, imported on first access so that the allocator tools
@@ -58,6 +59,7 @@ _LAZY: dict[str, str] = {
     "graph_pool_handle": ".graphs.graph",
     "is_current_stream_capturing": ".graphs.graph",
     "make_graphed_callables": ".graphs.graphed_callables",
+    "plan_graph_memory": ".graphs.memory_plan",
     "register_graph_capture_end_hook": ".graphs.hooks",
     "register_graph_capture_start_hook": ".graphs.hooks",
     "register_graph_destroy_hook": ".graphs.hooks",
@@ -100,6 +102,7 @@ __all__ = [
     "graph_pool_handle",
     "is_current_stream_capturing",
     "make_graphed_callables",
+    "plan_graph_memory",
     "register_graph_capture_end_hook",
     "register_graph_capture_start_hook",
     "register_graph_destroy_hook",

@@ -6,7 +6,7 @@ first bucket's outputs) but records each bucket on metadata through the recorder
 machinery (``accel_graph.backends.memory_planner``): nothing is captured, no kernel runs, no
 device memory is taken, and the runner's state (static inputs, pool, buckets) is untouched. Every
 allocation the capture would make is booked, as it is made, on a fresh allocator engine under
-the target device's rules (:func:`target_settings`), so the figures are the allocator's: segment
+the target device's rules (:func:`~accel_graph.graphs.memory_plan.plan_settings`), so the figures are the allocator's: segment
 sizes, rounding, reuse of memory that died within the pool, expandable segments when set.
 
 The warm-up's peak is predicted from the same allocation sequences on an ordinary (non-pool)
@@ -25,77 +25,15 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from ..allocator.alloc_conf import AllocatorSettings, parse_config, settings_from_environment
-from ..allocator.core.settings import EngineSettings
-from ..allocator.devices import device_kind
 from ..backends import memory_planner
-from ..errors import ConfigError
 from ..foundation.gc_pause import gc_paused
+from ..graphs.memory_plan import plan_settings
 from .runtime import RunnerRuntime
 from .support import broadcast_outputs
 
-__all__ = ["PLAN_SCHEMA", "TargetSettings", "plan_runner", "plan_steps", "target_settings",
-           "write_trace"]
+__all__ = ["PLAN_SCHEMA", "plan_runner", "plan_steps"]
 
 PLAN_SCHEMA = "accel_graph.runner.memory-plan/1"
-
-
-class TargetSettings:
-    """The allocator a plan models: engine settings and policy, whether blocks are reused
-    within the pool, and what the report says about them."""
-
-    def __init__(self, engine: EngineSettings, policy: str, recycle: bool, parsed: AllocatorSettings,
-                 source: str, device_type: str) -> None:
-        self.engine = engine
-        self.policy = policy
-        self.recycle = recycle
-        self.parsed = parsed
-        self.source = source
-        self.device_type = device_type
-
-    def report(self) -> dict[str, Any]:
-        """The settings as the plan reports them (torch's snapshot field names)."""
-        shown = dict(self.parsed.to_snapshot_dict())
-        shown.update({"policy": self.policy, "source": self.source,
-                      "expandable_segments": bool(self.engine.expandable_segments),
-                      "reuses_freed_blocks": self.recycle})
-        return shown
-
-
-def target_settings(backend: str, device: torch.device, alloc_conf: str | None = None) -> TargetSettings:
-    """The allocator that serves graph pools of ``backend`` on ``device``.
-
-    - ``recorder`` on the CPU: its pool is the engine with torch's default settings (it reads
-      no ``PYTORCH_ALLOC_CONF``), blocks reused as they die;
-    - ``recorder`` on another device: the same engine, but blocks are never reused within the
-      pool's life (``backends/recorder/device_pool.py``);
-    - a native backend (cuda, hip, xpu): torch's caching allocator for that device, under the
-      config its torch reads now (``PYTORCH_ALLOC_CONF`` / the device's variable).
-
-    ``alloc_conf`` (a config string) replaces what the environment says: what-if plans, e.g.
-    ``"expandable_segments:True"``. Raises ConfigError for a malformed string.
-    """
-    if backend == "recorder":
-        kind = "cuda"  # the engine's native policy: CUDA's caching allocator
-        parsed = parse_config(alloc_conf or "", device=kind)
-        source = ("alloc_conf argument" if alloc_conf else
-                  "the recorder's pool: torch's default settings (no PYTORCH_ALLOC_CONF read)")
-        recycle = device.type == "cpu"
-    else:
-        try:
-            info = device_kind(backend)
-        except (KeyError, ValueError, ConfigError):
-            info, kind = device_kind("cuda"), "cuda"
-        if alloc_conf is not None:
-            parsed, source = parse_config(alloc_conf, device=info.name), "alloc_conf argument"
-        else:
-            parsed, var = settings_from_environment(device=info.name)
-            source = var or "torch's defaults (no allocator config variable set)"
-        kind = info.name
-        recycle = True
-    info = device_kind(kind)
-    engine = EngineSettings.from_allocator_settings(parsed)
-    return TargetSettings(engine, info.engine_policy, recycle, parsed, source, info.name)
 
 
 def plan_steps(planner: Any, steps: list[tuple[str, Callable[[], Any], Callable[[Any], Any] | None]],
@@ -132,8 +70,8 @@ def plan_runner(rt: RunnerRuntime, *, trace: str | None = None, alloc_conf: str 
     """
     t0 = time.perf_counter()
     opts = rt.options
-    target = target_settings(rt.backend.name, opts.device, alloc_conf)
-    planner = memory_planner(opts.device, target.engine, target.policy, recycle=target.recycle,
+    engine, policy, recycle, report = plan_settings(rt.backend.name, opts.device, alloc_conf)
+    planner = memory_planner(opts.device, engine, policy, recycle=recycle,
                              record_events=trace is not None)
     region: list[Any] = []  # share_outputs: the first bucket's outputs, written by later ones
     dims: list[Any] = []
@@ -175,7 +113,7 @@ def plan_runner(rt: RunnerRuntime, *, trace: str | None = None, alloc_conf: str 
         "device": str(opts.device),
         "backend": rt.backend.name,
         "compile": opts.compile,
-        "allocator_settings": target.report(),
+        "allocator_settings": report,
         "pool_reserved_bytes": stats["reserved"],
         "pool_peak_reserved_bytes": stats["peak_reserved"],
         "warmup_peak_bytes": warm,
@@ -193,27 +131,10 @@ def plan_runner(rt: RunnerRuntime, *, trace: str | None = None, alloc_conf: str 
         } for r in rows), key=lambda r: r["bucket"]),
     }
     if trace is not None:
-        write_trace(planner, target, trace, what=f"GraphRunner ladder {list(opts.ladder)}")
+        planner.write_trace(trace, report, what=f"GraphRunner ladder {list(opts.ladder)}")
         result["trace"] = str(trace)
     result["planning_seconds"] = time.perf_counter() - t0
     return result
-
-
-def write_trace(planner: Any, target: TargetSettings, path: str, what: str) -> None:
-    """Write the planned pool's allocations as a memory-snapshot trace at ``path`` (format by
-    suffix, as ``accel-alloc generate``), for ``accel-alloc tune``/``simulate``/``inspect``."""
-    from ..allocator.traces.files import save_trace
-    from ..allocator.traces.model import Trace
-
-    events, segments = planner.drain_events()
-    events = events[events["seq"].argsort(kind="stable")]
-    events["time_us"] = range(0, 5 * len(events), 5)  # a synthetic clock: deterministic traces
-    settings = dict(target.parsed.to_snapshot_dict())
-    settings["accel_graph_memory_plan"] = {"what": what, "policy": target.policy,
-                                          "source": target.source}
-    trace = Trace.from_events(events, device_type=target.device_type, segments=segments,
-                              allocator_settings=settings)
-    save_trace(trace, path)
 
 
 def _region_views(region: list[Any], dims: list[Any], out: Any, b: int) -> list[Any] | None:

@@ -33,6 +33,8 @@ import torch
 
 from ...allocator.core.engine import OP, OP_DTYPE, Engine
 from ...allocator.core.settings import EngineSettings
+from ...allocator.traces.files import save_trace
+from ...allocator.traces.model import Trace
 from ...errors import CaptureError, OutOfMemoryError
 from ..capture_common import islands as islands_common
 from .capture import Capture
@@ -225,6 +227,19 @@ class MemoryPlanner:
             sim.replay(arr, n_slots=max(slot, 1))
             return int(sim.memory_stats()["reserved_bytes.all.peak"])
 
-    def drain_events(self) -> tuple[np.ndarray, list[dict[str, Any]]]:
-        """The pool engine's events so far (``record_events``) and its segments now."""
-        return self.pool.engine.drain_events(), self.pool.engine.snapshot()
+    def write_trace(self, path: str, allocator_settings: dict[str, Any], what: str) -> None:
+        """Write the planned pool's allocations so far (``record_events``) as a memory-snapshot
+        trace at ``path`` (format by suffix, as ``accel-alloc generate``), for ``accel-alloc
+        tune``/``simulate``/``inspect``. ``allocator_settings`` (torch's snapshot fields) and
+        ``what`` are recorded in the trace."""
+        engine = self.pool.engine
+        events = engine.drain_events()
+        events = events[np.argsort(events["seq"], kind="stable")]
+        # A synthetic clock (5 us per event), as accel-alloc generate: deterministic traces.
+        events["time_us"] = np.arange(len(events), dtype=np.int64) * 5
+        settings = dict(allocator_settings)
+        settings["accel_graph_memory_plan"] = {"what": what, "policy": self.policy}
+        device_type = str(settings.get("device_type", "cuda"))
+        trace = Trace.from_events(events, device_type=device_type, segments=engine.snapshot(),
+                                  allocator_settings=settings)
+        save_trace(trace, path)
