@@ -29,6 +29,7 @@ from ..backends import memory_planner
 from ..foundation.gc_pause import gc_paused
 from ..graphs.memory_plan import plan_settings
 from .runtime import RunnerRuntime
+from .state import state_tensors
 from .support import broadcast_outputs
 
 __all__ = ["PLAN_SCHEMA", "plan_runner", "plan_steps"]
@@ -76,8 +77,18 @@ def plan_runner(rt: RunnerRuntime, *, trace: str | None = None, alloc_conf: str 
     region: list[Any] = []  # share_outputs: the first bucket's outputs, written by later ones
     dims: list[Any] = []
 
+    lazy_state: list[int] = []
+
     def step_for(b: int) -> tuple[Callable[[], Any], Callable[[Any], Any]]:
-        args, kwargs = rt.bucket_args(b)
+        args, kwargs = pytree.tree_unflatten([s.view(b) for s in rt.inputs], rt.in_spec)
+        states = rt.states
+        if states is not None and states.enabled:
+            # A state not built yet is built for the plan alone and dropped after it: state
+            # that initialises itself lazily on its first step (transformers' StaticCache)
+            # would otherwise keep tensors of the plan's pool.
+            assert states.factory is not None
+            kwargs = {**kwargs, "state": states.built.get(b) or states.factory(b)}
+        held = {id(t) for t in state_tensors(kwargs.get("state"))}
 
         def call() -> Any:
             with opts.islands.marking():
@@ -88,6 +99,14 @@ def plan_runner(rt: RunnerRuntime, *, trace: str | None = None, alloc_conf: str 
             return out
 
         def keep(out: Any) -> Any:
+            state = kwargs.get("state")
+            grown = [t for t in state_tensors(state) if id(t) not in held and planner.pool.owns(t)]
+            if grown:
+                # The step made the state's tensors (lazy initialisation): the real warm-up
+                # makes them outside the pool; here they were booked in it.
+                lazy_state.append(b)
+                if states is not None and states.built.get(b) is state:
+                    del states.built[b]  # holds plan tensors now: rebuilt at capture
             if region and _region_views(region, dims, out, b) is not None:
                 return None  # copied into the region: the graph's own outputs die
             if rt.share_outputs and not region:
@@ -108,6 +127,13 @@ def plan_runner(rt: RunnerRuntime, *, trace: str | None = None, alloc_conf: str 
         warm = planner.warmup_peak()
         out_bytes = _distinct_bytes(planner.kept, planner.pool.owns)
         planner.kept = []
+    unplanned = list(planner.unplanned)
+    if lazy_state:
+        unplanned.append({"island": None, "reason": (
+            f"the state of bucket(s) {sorted(lazy_state)} made its tensors inside the step "
+            f"(lazy initialisation, as transformers' StaticCache): capture's eager warm-up makes "
+            f"them outside the pool, but the plan booked them in it, so the pool figures are high "
+            f"by their size. Initialise the state in the state= factory for an exact plan")})
     result = {
         "schema": PLAN_SCHEMA,
         "device": str(opts.device),
@@ -119,7 +145,7 @@ def plan_runner(rt: RunnerRuntime, *, trace: str | None = None, alloc_conf: str 
         "warmup_peak_bytes": warm,
         "static_input_bytes": sum(s.static.numel() * s.static.element_size() for s in rt.inputs),
         "static_output_bytes": out_bytes,
-        "unplanned": list(planner.unplanned),
+        "unplanned": unplanned,
         "planning_seconds": 0.0,
         "buckets": sorted(({
             "bucket": int(r["label"]),
