@@ -135,14 +135,15 @@ class MemoryPlanner:
     """
 
     def __init__(self, device: torch.device, settings: EngineSettings, policy: str = "native", *,
-                 recycle: bool = True, record_events: bool = False) -> None:
+                 recycle: bool = True, record_events: bool = False, meta: bool = False) -> None:
         self.device = device
         self.settings = settings
         self.policy = policy
         #: On the CPU with the native policy the plan records into the recorder's own CPU pool
         #: class (host memory reserved, never touched: its blocks are tensors whose deaths the
         #: C engine sees, exactly as in capture); elsewhere into a pool of meta tensors.
-        self.on_host = device.type == "cpu" and policy == "native" and recycle
+        #: (``meta=True`` forces the meta pool: tests check it against the host pool.)
+        self.on_host = device.type == "cpu" and policy == "native" and recycle and not meta
         self.pool: GraphPool
         if self.on_host:
             self.pool = EnginePool(device, settings=settings)

@@ -1,0 +1,216 @@
+"""Issue 28: ``GraphRunner.plan_memory()`` and ``accel_graph.plan_graph_memory`` predict, without
+capturing, what ``capture()`` then measures (``memory_report()``): within 5% or one 2 MiB segment
+for the pool and for every bucket, on the bundled decoder and ResNet, a transformers MoE decoder
+with islands and a 51-bucket ladder. Plus: the plan leaves the runner as it was, refuses what
+capture refuses with capture's words, and plans islands' outputs."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import accel_graph
+from accel_graph.errors import CaptureError
+from accel_graph.models.decoder import Decoder, DecoderConfig
+from accel_graph.models.resnet import ResNet, ResNetConfig
+
+SEGMENT = 2 << 20
+
+
+def _close(planned: int | None, measured: int | None) -> bool:
+    assert planned is not None and measured is not None
+    return abs(planned - measured) <= max(0.05 * measured, SEGMENT)
+
+
+def _check(plan: dict[str, Any], report: dict[str, Any]) -> None:
+    """The issue's accuracy rule, for the pool and every bucket."""
+    assert plan["schema"] == "accel_graph.runner.memory-plan/1"
+    assert _close(plan["pool_reserved_bytes"], report["pool_reserved_bytes"]), (plan, report)
+    assert _close(plan["pool_peak_reserved_bytes"], report["pool_peak_reserved_bytes"])
+    measured = {b["bucket"]: b for b in report["buckets"]}
+    assert [b["bucket"] for b in plan["buckets"]] == sorted(measured)
+    for row in plan["buckets"]:
+        got = measured[row["bucket"]]
+        assert got["status"] == "captured" and row["status"] == "planned"
+        assert _close(row["incremental_bytes"], got["incremental_bytes"]), (row, got)
+        assert _close(row["standalone_bytes"], got["standalone_bytes"]), (row, got)
+        assert row["output_bytes"] == got["output_bytes"], (row, got)
+
+
+def _decoder_runner(max_batch: int, buckets: list[int], dim: int = 256, vocab: int = 512,
+                    **kw: Any) -> accel_graph.GraphRunner:
+    model = Decoder(DecoderConfig(dim=dim, mlp_hidden=3 * dim, max_batch=max_batch, max_seq=64,
+                                  vocab_size=vocab))
+    ex = (torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long))
+    return accel_graph.GraphRunner(model.decode_step, ex, buckets=buckets, progress=False, **kw)
+
+
+def test_decoder_plan_matches_capture_and_changes_nothing() -> None:
+    # Logits of 1-2 MiB: large blocks, several segments.
+    runner = _decoder_runner(16, [1, 2, 4, 8, 16], dim=256, vocab=32768)
+    before = runner.memory_report()
+    plan = runner.plan_memory()
+    # Nothing captured, no pool, no state: the report is the one before the plan.
+    assert runner.memory_report() == before
+    assert runner.captured_buckets == [] and runner.runtime.pool is None
+    assert all(b["status"] != "captured" for b in runner.memory_report()["buckets"])
+    assert plan["pool_reserved_bytes"] > 2 * SEGMENT  # more than a trivial pool: a real check
+    assert plan["static_input_bytes"] == before["static_input_bytes"]
+    assert plan["backend"] == "recorder" and plan["unplanned"] == []
+    assert plan["allocator_settings"]["policy"] == "native"
+    assert plan["warmup_peak_bytes"] >= max(b["standalone_bytes"] for b in plan["buckets"])
+    runner.capture()
+    report = runner.memory_report()
+    _check(plan, report)
+    assert plan["static_output_bytes"] == report["output_region_bytes"]
+
+
+def test_resnet_plan_matches_capture() -> None:
+    model = ResNet(ResNetConfig(widths=(32, 64, 128, 256), image_size=64))
+    runner = accel_graph.GraphRunner(model, model.example_input(1), buckets=[1, 2, 4, 8, 16],
+                                     progress=False)
+    plan = runner.plan_memory()
+    assert plan["pool_reserved_bytes"] > 2 * SEGMENT
+    runner.capture()
+    _check(plan, runner.memory_report())
+
+
+def test_51_bucket_ladder_plan_matches_capture() -> None:
+    runner = _decoder_runner(51, list(range(1, 52)), dim=128)
+    plan = runner.plan_memory()
+    assert len(plan["buckets"]) == 51
+    runner.capture()
+    _check(plan, runner.memory_report())
+
+
+def test_share_outputs_plan_matches_capture() -> None:
+    runner = _decoder_runner(16, [4, 8, 16], dim=256, vocab=32768, share_outputs=True)
+    plan = runner.plan_memory()
+    runner.capture()
+    report = runner.memory_report()
+    _check(plan, report)
+    assert plan["static_output_bytes"] == report["output_region_bytes"]
+
+
+def test_moe_decoder_islands_outputs_planned_temporaries_unplanned() -> None:
+    """The bundled MoE decoder: its experts loop (nonzero, .item()) is an eager island; the plan
+    runs it on metadata for its output shape and lists it under unplanned."""
+    model = Decoder(DecoderConfig(dim=256, mlp_hidden=512, max_batch=8, num_experts=4))
+    ex = (torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long))
+    runner = accel_graph.GraphRunner(model.decode_step, ex, buckets=[1, 4, 8], progress=False)
+    plan = runner.plan_memory()
+    assert [u["island"].split(" ")[0] for u in plan["unplanned"]] == ["Experts.forward"]
+    runner.capture()
+    assert runner.captured_buckets == [1, 4, 8]
+    _check(plan, runner.memory_report())
+
+
+def test_transformers_moe_decoder_with_islands_and_state() -> None:
+    sys.path.insert(0, str(Path(__file__).parent))
+    from moe_models import MOE_FAMILIES, build_moe, require_transformers_5
+
+    require_transformers_5()
+    from transformers import StaticCache
+
+    model, config = build_moe("mixtral", experts="eager")
+
+    def decode_step(input_ids: torch.Tensor, *, state: Any) -> torch.Tensor:
+        return model(input_ids=input_ids, cache=state).logits[:, -1]
+
+    runner = accel_graph.GraphRunner(
+        decode_step, (torch.zeros(1, 1, dtype=torch.long),), buckets=[1, 2, 4], progress=False,
+        state=lambda b: StaticCache(config=config, max_cache_len=32),
+        islands=[f"transformers.models.mixtral.modeling_mixtral.{MOE_FAMILIES['mixtral'].sparse_block}"])
+    plan = runner.plan_memory()
+    reasons = [u["reason"] for u in plan["unplanned"]]
+    assert any("eager island" in r for r in reasons)
+    assert any("lazy initialisation" in r for r in reasons)  # StaticCache fills itself in
+    assert runner.runtime.states.built == {}  # the plan's states were its own
+    runner.capture()
+    assert runner.captured_buckets == [1, 2, 4]
+    _check(plan, runner.memory_report())
+
+
+def test_plan_graph_memory_matches_one_graph() -> None:
+    model = ResNet(ResNetConfig(widths=(32, 64, 128, 256)))
+    x = model.example_input(4)
+    plan = accel_graph.plan_graph_memory(model, (x,))
+    assert plan["schema"] == "accel_graph.graph.memory-plan/1"
+    g = accel_graph.Graph()
+    with torch.no_grad(), accel_graph.graph(g):
+        y = model(x)
+    assert _close(plan["pool_reserved_bytes"], g.memory_bytes())
+    assert _close(plan["standalone_bytes"], g.standalone_bytes())
+    assert plan["output_bytes"] == y.numel() * y.element_size()
+
+
+def _capture_error(fn: Any, x: torch.Tensor) -> str:
+    g = accel_graph.Graph()
+    with pytest.raises(CaptureError) as info, torch.no_grad(), accel_graph.graph(g):
+        fn(x)
+    return str(info.value)
+
+
+def _host_read(x: torch.Tensor) -> torch.Tensor:
+    y = x * 2
+    if y.sum().item() > 0:  # a host read: capture refuses it
+        return y
+    return -y
+
+
+def _data_dependent(x: torch.Tensor) -> torch.Tensor:
+    return torch.nonzero(x * 2)  # a size that only the data decides
+
+
+@pytest.mark.parametrize("fn, op", [(_host_read, "_local_scalar_dense"), (_data_dependent, "nonzero")])
+def test_refusals_are_capture_refusals_with_op_and_line(fn: Any, op: str) -> None:
+    x = torch.ones(4, 8)
+    runner = accel_graph.GraphRunner(fn, x, buckets=[1, 4], progress=False)
+    with pytest.raises(CaptureError) as info:
+        runner.plan_memory()
+    msg = str(info.value)
+    assert op in msg and f"{__file__}:" in msg, msg
+    assert msg == _capture_error(fn, x)  # capture's own words, op and line
+    with pytest.raises(CaptureError, match=op):
+        accel_graph.plan_graph_memory(fn, (x,))
+    # Nothing was lost: the runner captures (and falls back) as before.
+    assert runner.memory_report()["pool_reserved_bytes"] is None
+
+
+def test_alloc_conf_what_if_and_bad_config() -> None:
+    runner = _decoder_runner(16, [1, 8, 16], dim=256, vocab=32768)
+    plan = runner.plan_memory(alloc_conf="expandable_segments:True")
+    assert plan["allocator_settings"]["expandable_segments"] is True
+    assert plan["allocator_settings"]["source"] == "alloc_conf argument"
+    default = runner.plan_memory()
+    assert default["allocator_settings"]["expandable_segments"] is False
+    assert plan["pool_reserved_bytes"] <= default["pool_reserved_bytes"]
+    with pytest.raises(accel_graph.ConfigError):
+        runner.plan_memory(alloc_conf="expandable_segments:maybe")
+
+
+def test_meta_pool_plans_as_the_host_pool() -> None:
+    """Devices other than the CPU plan on a pool of meta tensors (no memory at all): on the
+    decoder its figures equal the host pool's, which equal capture's."""
+    from accel_graph.allocator.core.settings import EngineSettings
+    from accel_graph.backends.recorder.memory_plan import MemoryPlanner
+
+    model = Decoder(DecoderConfig(dim=512, mlp_hidden=1536, max_batch=8, max_seq=64))
+    results = []
+    for meta in (False, True):
+        planner = MemoryPlanner(torch.device("cpu"), EngineSettings(), meta=meta)
+        assert planner.on_host is not meta
+        kept = []
+        with torch.no_grad():
+            for b in (8, 4, 1):
+                tok = torch.zeros(b, dtype=torch.long)
+                cp = planner.plan(model.decode_step, (tok, tok), {})
+                kept.append(cp.outputs)
+                assert (cp.outputs.device.type == "meta") is meta
+        results.append(([(c.incremental_bytes, c.standalone_bytes) for c in planner.captures],
+                        planner.pool_stats(), planner.warmup_peak()))
+    assert results[0] == results[1]
