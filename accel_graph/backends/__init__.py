@@ -383,6 +383,7 @@ def memory_planner(device: torch.device, settings: Any, policy: str = "native", 
     (``EngineSettings``) and ``policy``, for ``GraphRunner.plan_memory()`` and
     ``plan_graph_memory()`` on every device. The recorder's recording serves every backend's
     plan (the registry is the one way to the recorder); it is imported on first use."""
-    from .recorder.memory_plan import MemoryPlanner
-
-    return MemoryPlanner(device, settings, policy, recycle=recycle, record_events=record_events)
+    # Named by string, as the recorder backend itself (BUILTIN_BACKENDS): the registry is the
+    # one way to the recorder, and only on first use.
+    planner_class = importlib.import_module(f"{__name__}.recorder.memory_plan").MemoryPlanner
+    return planner_class(device, settings, policy, recycle=recycle, record_events=record_events)

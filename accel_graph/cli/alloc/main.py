@@ -39,6 +39,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
              "allocated and reserved over time under one or more configs (PNG, SVG or HTML)"),
     "generate": ("accel_graph.cli.alloc.generate",
                  "write a calibrated synthetic trace (train, serve, moe, rl, ...)"),
+    "plan": ("accel_graph.cli.alloc.plan",
+             "plan a bundled model's graph pool (no capture) and write it as a trace to tune"),
 }  # fmt: skip
 
 DESCRIPTION = (
