@@ -56,3 +56,24 @@ def test_bad_input_is_a_clear_error(argv: list[str], words: str, capsys: pytest.
     err = capsys.readouterr().err
     assert words in err and "Traceback" not in err
     assert not (tmp_path / "x.pkl").exists()
+
+
+def test_device_check_memory_plan_row_runs_with_the_recorder_standing_in(tmp_path: Path) -> None:
+    """The GPU row's own code, run here on the recorder (plumbing: the GPU compares torch's pool)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "device_check", Path(__file__).resolve().parents[1] / "tools" / "device_check.py")
+    assert spec is not None and spec.loader is not None
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    assert "memory_plan" in tool.ROWS and tool.CHILDREN["memory_plan"] is tool.child_memory_plan
+    assert tool.skip_reason("memory_plan", {"native_backend": None}) == "skipped: no GPU"
+    res = tool.child_memory_plan(tmp_path, 1)
+    assert res["status"] == "pass", res
+    bad = tool.memory_plan_verdict(
+        {"pool_reserved_bytes": 100 << 20, "pool_peak_reserved_bytes": 0, "warmup_peak_bytes": 0,
+         "planning_seconds": 0.0, "buckets": [{"bucket": 1, "incremental_bytes": 100 << 20}]},
+        {"pool_reserved_bytes": 50 << 20, "pool_peak_reserved_bytes": 0,
+         "buckets": [{"bucket": 1, "incremental_bytes": 50 << 20}]})
+    assert bad["status"] == "fail"

@@ -87,7 +87,7 @@ SCHEMA = "accel-graph.device-check"
 SCHEMA_VERSION = 1
 RESULT_PREFIX = "DEVICE_CHECK_RESULT "
 ROWS = ("conformance", "replay_overhead", "plugin_mempool", "plugin_process_swap", "simulator_trace",
-        "multi_gpu_collectives", "control_flow", "islands")
+        "multi_gpu_collectives", "control_flow", "islands", "memory_plan")
 #: Wall-clock limit of each row's subprocess, seconds (the whole script stays under 5 minutes).
 TIMEOUTS = {
     "conformance": 170,
@@ -98,6 +98,7 @@ TIMEOUTS = {
     "multi_gpu_collectives": 90,
     "control_flow": 40,
     "islands": 60,
+    "memory_plan": 60,
 }
 RATIO_TARGET = 1.05
 OVERHEAD_TARGET_US = 2.0
@@ -953,6 +954,47 @@ def islands_verdict(facts: dict[str, Any]) -> dict[str, Any]:
     return _row("pass", summary, **facts)
 
 
+def memory_plan_verdict(plan: dict[str, Any], report: dict[str, Any]) -> dict[str, Any]:
+    """Issue 28's rule on a GPU: the plan (made before capture, nothing captured) against the pool
+    torch reserves during the real capture (``memory_report()``), within 5% or one 2 MiB segment
+    for the pool and for every bucket."""
+    seg = 2 << 20
+
+    def close(a: Any, b: Any) -> bool:
+        return a is not None and b is not None and abs(a - b) <= max(0.05 * b, seg)
+
+    measured = {b["bucket"]: b for b in report["buckets"]}
+    off = [(b["bucket"], b["incremental_bytes"], measured[b["bucket"]]["incremental_bytes"])
+           for b in plan["buckets"]
+           if not close(b["incremental_bytes"], measured[b["bucket"]]["incremental_bytes"])]
+    facts = {"planned_pool": plan["pool_reserved_bytes"], "measured_pool": report["pool_reserved_bytes"],
+             "planned_peak": plan["pool_peak_reserved_bytes"],
+             "measured_peak": report["pool_peak_reserved_bytes"],
+             "warmup_peak_planned": plan["warmup_peak_bytes"], "buckets_off": off,
+             "planning_seconds": plan["planning_seconds"]}
+    ok = close(plan["pool_reserved_bytes"], report["pool_reserved_bytes"]) and not off
+    summary = (f"plan {facts['planned_pool'] / 2**20:.1f} MiB vs capture "
+               f"{(facts['measured_pool'] or 0) / 2**20:.1f} MiB; buckets off: {off or 'none'}")
+    return _row("pass" if ok else "fail", summary, **facts)
+
+
+def child_memory_plan(out: Path, iters: int) -> dict[str, Any]:
+    """The bundled decoder on the GPU: ``plan_memory()`` before capture, then ``capture()``."""
+    import torch
+
+    import accel_graph
+    from accel_graph.models.decoder import Decoder, DecoderConfig
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"  # the recorder stands in off-GPU
+    model = Decoder(DecoderConfig(dim=256, vocab_size=32768, max_batch=16, max_seq=64)).to(dev)
+    ex = (torch.zeros(1, dtype=torch.long, device=dev), torch.zeros(1, dtype=torch.long, device=dev))
+    runner = accel_graph.GraphRunner(model.decode_step, ex, buckets=[1, 2, 4, 8, 16],
+                                     progress=False, verify=False)
+    plan = runner.plan_memory()
+    runner.capture()
+    return memory_plan_verdict(plan, runner.memory_report())
+
+
 CHILDREN: dict[str, Callable[[Path, int], dict[str, Any]]] = {
     "replay_overhead": child_replay_overhead,
     "plugin_mempool": child_plugin_mempool,
@@ -962,6 +1004,7 @@ CHILDREN: dict[str, Callable[[Path, int], dict[str, Any]]] = {
     "multi_gpu_collectives": child_multi_gpu_collectives,
     "control_flow": child_control_flow,
     "islands": child_islands,
+    "memory_plan": child_memory_plan,
 }
 
 
