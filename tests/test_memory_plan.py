@@ -214,3 +214,84 @@ def test_meta_pool_plans_as_the_host_pool() -> None:
         results.append(([(c.incremental_bytes, c.standalone_bytes) for c in planner.captures],
                         planner.pool_stats(), planner.warmup_peak()))
     assert results[0] == results[1]
+
+
+def test_transformers_llama_decoder_with_static_cache() -> None:
+    transformers = pytest.importorskip("transformers", reason="transformers is a test dependency")
+    if int(transformers.__version__.split(".")[0]) < 5:
+        pytest.skip("the fixtures need transformers 5")
+    from transformers import LlamaConfig, LlamaForCausalLM, StaticCache
+
+    config = LlamaConfig(vocab_size=4096, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).eval()
+
+    def step(ids: torch.Tensor, *, state: Any) -> torch.Tensor:
+        return model(input_ids=ids, cache=state).logits[:, -1]
+
+    runner = accel_graph.GraphRunner(step, (torch.zeros(1, 1, dtype=torch.long),),
+                                     buckets=[1, 8, 32, 64], progress=False,
+                                     state=lambda b: StaticCache(config=config, max_cache_len=16))
+    plan = runner.plan_memory()
+    runner.capture()
+    assert runner.captured_buckets == [1, 8, 32, 64]
+    report = runner.memory_report()
+    _check(plan, report)
+    # The cache's lazy tensors were booked in the planned pool: the plan errs high, never low.
+    assert plan["pool_reserved_bytes"] >= report["pool_reserved_bytes"]
+
+
+@pytest.mark.slow
+def test_compiled_replay_does_not_change_the_pool() -> None:
+    """compile="inductor": Inductor's intermediates live outside the pool, so the plan (which
+    is the capture's) equals what the compiled runner's capture measures."""
+    net = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(),
+                              torch.nn.Linear(1024, 256)).eval()
+    runner = accel_graph.GraphRunner(net, torch.zeros(1, 256), buckets=[64, 512],
+                                     compile="inductor", progress=False)
+    plan = runner.plan_memory()
+    assert plan["compile"] == "inductor"
+    runner.capture()
+    _check(plan, runner.memory_report())
+
+
+def _eager_peak(fn: Any, args: tuple, held: list[torch.Tensor]) -> int:
+    """The eager run's allocations, observed for real (every new storage an op returns, and its
+    death), replayed through a fresh engine: peak reserved bytes. An independent measurement of
+    what the plan's ``warmup_peak_bytes`` predicts from the recorded capture."""
+    import weakref
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from accel_graph.allocator.core.engine import Engine
+
+    engine = Engine(policy="native", upstream="counting")
+    known = {t.untyped_storage()._cdata for t in [*args, *held]}  # memory that existed before
+    addrs: dict[int, int] = {}
+
+    class Watch(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, a=(), kw=None):  # noqa: ANN001
+            out = func(*a, **(kw or {}))
+            for t in (out if isinstance(out, (tuple, list)) else [out]):
+                if isinstance(t, torch.Tensor):
+                    s = t.untyped_storage()
+                    if s._cdata not in known and s._cdata not in addrs:
+                        addrs[s._cdata] = engine.malloc(max(s.nbytes(), 1))
+                        weakref.finalize(s, lambda c=s._cdata: engine.free(addrs.pop(c)))
+            return out
+
+    with torch.no_grad(), Watch():
+        out = fn(*args)
+    del out
+    return engine.memory_stats()["reserved_bytes.all.peak"]
+
+
+def test_warmup_peak_matches_the_eager_run_observed() -> None:
+    model = Decoder(DecoderConfig(dim=256, mlp_hidden=768, max_batch=16, max_seq=64, vocab_size=32768))
+    tok = torch.zeros(16, dtype=torch.long)
+    runner = accel_graph.GraphRunner(model.decode_step, (tok, tok), buckets=[16], progress=False)
+    plan = runner.plan_memory()
+    measured = _eager_peak(model.decode_step, (tok, tok), [*model.parameters(), *model.buffers()])
+    assert measured > SEGMENT
+    assert _close(plan["warmup_peak_bytes"], measured), (plan["warmup_peak_bytes"], measured)
