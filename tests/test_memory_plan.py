@@ -295,3 +295,22 @@ def test_warmup_peak_matches_the_eager_run_observed() -> None:
     measured = _eager_peak(model.decode_step, (tok, tok), [*model.parameters(), *model.buffers()])
     assert measured > SEGMENT
     assert _close(plan["warmup_peak_bytes"], measured), (plan["warmup_peak_bytes"], measured)
+
+
+def test_a_meta_plan_does_not_let_real_captures_make_meta_tensors() -> None:
+    """The meta pool's plans accept meta outputs; a real capture hitting the same cached plan
+    still refuses them (the refusal is checked on every cache hit, not only when planned)."""
+    from accel_graph.allocator.core.settings import EngineSettings
+    from accel_graph.backends.recorder.memory_plan import MemoryPlanner
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return x * 3  # x is a meta tensor in the meta plan's pool and in the real capture below
+
+    planner = MemoryPlanner(torch.device("cpu"), EngineSettings(), meta=True)
+    m = torch.empty(5, 7, device="meta")
+    with torch.no_grad():
+        out = planner.plan(fn, (m,), {}).outputs
+    assert out.device.type == "meta"
+    g = accel_graph.Graph()
+    with pytest.raises(CaptureError, match="meta device"), accel_graph.graph(g):
+        fn(m)

@@ -9,7 +9,7 @@ Cases: the bundled decoder's decode step over a 51-bucket ladder (1..51, ``Decod
 defaults otherwise) and the bundled ResNet over 1, 2, 4, 8, 16. For each case:
 
 - **cold**: a fresh process per measurement (imports done, model built, then one timed call):
-  ``plan_memory()`` alone, ``capture()`` alone. The first plan or capture in a process pays the
+  ``plan_memory()`` alone, ``capture()`` alone; ``--cold-reps`` of each, interleaved, medians. The first plan or capture in a process pays the
   recorder's per-op planning (meta execution, cached process-wide by op and shape), so this is
   what a server pays at start-up;
 - **warm**: in one process, after one untimed plan and capture, ``--reps`` rounds of a fresh
@@ -112,6 +112,7 @@ def _warm(case: str, reps: int, threads: int) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--cold-reps", type=int, default=3, help="fresh processes per cold figure")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--json", default="bench_memory_plan.json")
     p.add_argument("--child", nargs=2, metavar=("CASE", "WHAT"), help=argparse.SUPPRESS)
@@ -122,8 +123,13 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for case in CASES:
         row: dict[str, Any] = {"case": case, "threads": args.threads}
-        row["cold_plan_s"] = _cold(case, "plan", args.threads)
-        row["cold_capture_s"] = _cold(case, "capture", args.threads)
+        cold: dict[str, list[float]] = {"plan": [], "capture": []}
+        for _ in range(args.cold_reps):  # interleaved: load on the machine hits both alike
+            for what in ("plan", "capture"):
+                cold[what].append(_cold(case, what, args.threads))
+        row["cold_plan_s"] = statistics.median(cold["plan"])
+        row["cold_capture_s"] = statistics.median(cold["capture"])
+        row["cold_runs"] = cold
         row.update(_warm(case, args.reps, args.threads))
         rows.append(row)
     mib = 2 ** 20
