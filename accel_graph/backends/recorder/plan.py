@@ -78,6 +78,8 @@ class Plan:
 
 #: Plans by op key, shared by every capture in the process.
 _PLANS: dict[Any, Plan] = {}
+#: Plans made by memory plans on meta pool tensors (no real-kernel checks), by op key.
+_META_PLANS: dict[Any, Plan] = {}
 
 
 def plan_for(func: OpOverload, args: tuple, kwargs: dict) -> Plan | None:
@@ -86,24 +88,31 @@ def plan_for(func: OpOverload, args: tuple, kwargs: dict) -> Plan | None:
     Raises CaptureError for what capture refuses (never cached). None: ``lift_fresh``, a
     constant made inside the capture, which the recorder handles on every call.
     """
+    meta_mode = getattr(_PLANNING, "meta", False)
     try:
         key: Any = op_key(func, args, kwargs)
         plan = _PLANS.get(key)
+        if plan is None and meta_mode:
+            plan = _META_PLANS.get(key)
     except TypeError:  # an unhashable argument: decide afresh, cache nothing
         key, plan = None, None
     if plan is not None:
-        if plan.meta and not getattr(_PLANNING, "meta", False):
+        if plan.meta and not meta_mode:
             _refuse_meta(func)
         return plan
+    # A memory plan's plans skip the real-kernel checks (validate.py: they would run kernels on
+    # zero copies of the weights, on the device a server is sizing): cached apart, never used
+    # by a real capture.
+    cache = _META_PLANS if meta_mode else _PLANS
     if collective_rules.is_collective(func):
         plan = _plan_collective(func, args, kwargs, key)
         # Only functional collectives are cached: the c10d ops' arguments include script
         # objects made afresh on every call (the reduce op), which would never hit and would
         # keep each one alive; their plan costs nothing to make again.
         if key is not None and collectives.role(func) == collectives.ISSUE:
-            if len(_PLANS) >= CACHE_MAX:
-                _PLANS.clear()
-            _PLANS[key] = plan
+            if len(cache) >= CACHE_MAX:
+                cache.clear()
+            cache[key] = plan
         return plan
     reason = illegal_ops.illegal_reason(func, args, kwargs)
     if reason is not None:
@@ -122,10 +131,10 @@ def plan_for(func: OpOverload, args: tuple, kwargs: dict) -> Plan | None:
     else:
         plan = _plan_functional(func, args, kwargs, key)
     if key is not None:
-        if len(_PLANS) >= CACHE_MAX:
-            _PLANS.clear()
-        _PLANS[key] = plan
-    if plan.meta and not getattr(_PLANNING, "meta", False):
+        if len(cache) >= CACHE_MAX:
+            cache.clear()
+        cache[key] = plan
+    if plan.meta and not meta_mode:
         _refuse_meta(func)
     return plan
 
@@ -173,7 +182,8 @@ def _plan_functional(func: OpOverload, args: tuple, kwargs: dict, key: Any,
     strategy = opinfo.choose_strategy(func, args, kwargs)
     out = meta.out
     layout = _input_layout(func, args)
-    checked = real_check and strategy.kind in ("out", "compute") and not meta.real
+    checked = (real_check and strategy.kind in ("out", "compute") and not meta.real
+               and not getattr(_PLANNING, "meta", False))
     if checked:
         # The kernel that will run decides the outputs, not the meta kernel (validate.py).
         real = validate.real_run(func, args, kwargs)
