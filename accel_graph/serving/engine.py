@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..errors import ConfigError
+from .engine_memory import KVCacheSizing, size_kv_cache
 from .requests import InvalidRequest, QueueFull, Request, RequestResult
 from .scheduler import Live, Scheduler
 from .step import StepBatch, StepExecutor
@@ -84,6 +85,20 @@ class Engine:
         self.fallback_steps = 0
         self.fallback_reason: str | None = None
         self.failed_steps = 0
+        #: How the KV cache was sized (:meth:`from_memory_budget`); None when not from a budget.
+        self.kv_cache: KVCacheSizing | None = None
+
+    @classmethod
+    def from_memory_budget(cls, build: Callable[..., StepExecutor], budget_bytes: int, *,
+                           max_slots: int | None = None, **engine_kwargs: Any) -> Engine:
+        """An engine whose executor's KV cache takes the memory ``budget_bytes`` leaves after
+        weights, the graph pool (planned, or measured after capture) and the warm-up peak;
+        ``build(num_slots, capture=bool)`` makes the executor
+        (:func:`~.engine_memory.size_kv_cache`). The sizing is in ``engine.kv_cache``."""
+        executor, sizing = size_kv_cache(build, budget_bytes, max_slots=max_slots)
+        engine = cls(executor, **engine_kwargs)
+        engine.kv_cache = sizing
+        return engine
 
     # -- admission ----------------------------------------------------------------------------
 
