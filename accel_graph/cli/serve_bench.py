@@ -8,7 +8,6 @@ draws the progress bar and prints (schema and method in docs/serving.md).
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -114,23 +113,11 @@ def run(args: argparse.Namespace) -> int:
         report = serve_bench(opts, progress=bar)
     finally:
         bar.close()
-    report = _finite(report)
     sys.stdout.write(format_report(report) + "\n")
     if args.json is not None:
         write_json(args.json, report)
         sys.stdout.write(f"wrote {args.json}\n")
     return 0
-
-
-def _finite(obj: Any) -> Any:
-    """NaN (a percentile over no values) as None, so the JSON is strict."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_finite(v) for v in obj]
-    return obj
 
 
 def _ms(v: Any) -> str:

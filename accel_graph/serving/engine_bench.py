@@ -14,6 +14,7 @@ request's tokens must be equal between the engines in every round (``tokens_equa
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 import time
@@ -29,7 +30,7 @@ from .metrics import summarize
 from .requests import Request
 from .workload import poisson_requests
 
-__all__ = ["FIGURES", "SCHEMA", "ServeBenchOptions", "serve_bench"]
+__all__ = ["FIGURES", "SCHEMA", "ServeBenchOptions", "prepare", "serve_bench"]
 
 SCHEMA = "accel_graph.serve-bench/1"
 #: The per-engine figures (medians over the rounds).
@@ -53,8 +54,10 @@ class ServeBenchOptions:
     memory_budget: int | None = None
 
 
-def _executors(opts: ServeBenchOptions) -> tuple[Any, Any, dict[str, Any], float]:
-    """(eager executor, graph executor, kv_cache facts, capture seconds)."""
+def prepare(opts: ServeBenchOptions) -> tuple[Any, Any, dict[str, Any], float]:
+    """Build both executors (the graph one captured): ``(eager, graph, kv_cache facts, capture
+    seconds)``; :func:`serve_bench` takes them to serve several streams (the load sweep)
+    without capturing again. Only the model options of ``opts`` are read."""
     from .executors import EagerExecutor, GraphExecutor, serving_config
 
     config = serving_config(max_batch=opts.slots)
@@ -86,13 +89,14 @@ def _bucket_use(executor: Any) -> dict[str, int]:
     return dict(executor.describe().get("bucket_use") or {})
 
 
-def serve_bench(opts: ServeBenchOptions,
-                progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+def serve_bench(opts: ServeBenchOptions, progress: Callable[[int, int], None] | None = None,
+                prepared: tuple[Any, Any, dict[str, Any], float] | None = None) -> dict[str, Any]:
     """Run serve-bench (module docstring); returns the JSON-ready report
-    (schema ``accel_graph.serve-bench/1``, docs/serving.md)."""
+    (schema ``accel_graph.serve-bench/1``, docs/serving.md). ``prepared``: executors from
+    :func:`prepare` with the same model options (default: built here)."""
     from .executors import EagerExecutor
 
-    eager_ex, graph_ex, kv, capture_s = _executors(opts)
+    eager_ex, graph_ex, kv, capture_s = prepared or prepare(opts)
     vocab = graph_ex.model.config.vocab_size
     stream = poisson_requests(opts.requests, opts.rate, opts.prompt_lens, opts.new_tokens,
                               vocab_size=vocab, seed=opts.seed)
@@ -128,7 +132,7 @@ def serve_bench(opts: ServeBenchOptions,
                 runs[name].append(run)
     use_after = _bucket_use(graph_ex)
     bucket_use = {b: use_after[b] - use_before.get(b, 0) for b in use_after}
-    return _report(opts, stream, runs, equal, kv, capture_s, bucket_use, graph_ex, engines)
+    return _finite(_report(opts, stream, runs, equal, kv, capture_s, bucket_use, graph_ex, engines))
 
 
 def _median_figures(runs: list[EngineRun]) -> dict[str, Any]:
@@ -160,8 +164,8 @@ def _report(opts: ServeBenchOptions, stream: list[Request], runs: dict[str, list
         "tokens_equal": equal,
         "eager": eager,
         "graph": graph,
-        "speedup": graph["tokens_per_s"] / eager["tokens_per_s"],
-        "tpot_p50_ratio": graph["tpot_ms_p50"] / eager["tpot_ms_p50"],
+        "speedup": _ratio(graph["tokens_per_s"], eager["tokens_per_s"]),
+        "tpot_p50_ratio": _ratio(graph["tpot_ms_p50"], eager["tpot_ms_p50"]),
         "bucket_use": bucket_use,
         "buckets": desc.get("buckets"),
         "eager_fallbacks": desc.get("eager_fallbacks"),
@@ -171,3 +175,18 @@ def _report(opts: ServeBenchOptions, stream: list[Request], runs: dict[str, list
         "cpus": os.cpu_count(),
         "torch": torch.__version__,
     }
+
+
+def _finite(obj: Any) -> Any:
+    """NaN (a percentile over no values, a ratio of them) as None, so the JSON is strict."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b and math.isfinite(a) and math.isfinite(b) else math.nan
