@@ -10,7 +10,7 @@ wrong tokens. It says nothing about any model's numerics.
 
 from __future__ import annotations
 
-from accel_graph.serving.step import StepBatch
+from accel_graph.serving.step import StepBatch, StepExecutor
 
 
 def fake_next_token(seq: list[int] | tuple[int, ...], vocab_size: int) -> int:
@@ -72,10 +72,11 @@ class FailingFakeExecutor:
     """Wraps an executor and raises on chosen steps (counted from 0) before running them: a
     FAKE graph path that fails. ``fail_steps=None`` fails every step."""
 
-    def __init__(self, inner: FakeStepExecutor, fail_steps: set[int] | None = None) -> None:
+    def __init__(self, inner: StepExecutor, fail_steps: set[int] | None = None) -> None:
         self.inner, self.fail_steps, self.calls = inner, fail_steps, 0
         for name in ("num_slots", "max_seq", "max_tokens", "max_segments", "vocab_size"):
-            setattr(self, name, getattr(inner, name))
+            if hasattr(inner, name):
+                setattr(self, name, getattr(inner, name))
 
     def run(self, batch: StepBatch) -> list[int]:
         n, self.calls = self.calls, self.calls + 1

@@ -137,7 +137,7 @@ def format_report(report: dict[str, Any]) -> str:
                                                    key=lambda kv_: int(kv_[0])))
     ratio = report["tpot_p50_ratio"]
     lines = [
-        f"serve-bench: {report['requests']} requests at {o['rate']:g}/s, prompts "
+        f"serve-bench: {report['requests']} requests at {o['rate']}/s, prompts "
         f"{o['prompt_lens'][0]}..{o['prompt_lens'][1]}, new tokens {o['new_tokens'][0]}.."
         f"{o['new_tokens'][1]} ({report['prefill_tokens']} prefill + {report['decode_tokens']} "
         f"decode tokens), seed {o['seed']}; {o['rounds']} rounds, medians; "

@@ -155,7 +155,9 @@ def _report(opts: ServeBenchOptions, stream: list[Request], runs: dict[str, list
     desc = graph_ex.describe()
     return {
         "schema": SCHEMA,
-        "options": {**asdict(opts), "prompt_lens": list(opts.prompt_lens),
+        # rate inf (all at once) as the string "inf": strict JSON has no infinity
+        "options": {**asdict(opts), "rate": opts.rate if math.isfinite(opts.rate) else "inf",
+                    "prompt_lens": list(opts.prompt_lens),
                     "new_tokens": list(opts.new_tokens),
                     "token_budget": engines["graph"].scheduler.token_budget},
         "requests": len(stream),
