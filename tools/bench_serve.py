@@ -50,11 +50,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=d.max_tokens)
     p.add_argument("--rounds", type=int, default=d.rounds)
     p.add_argument("--no-compile", action="store_true")
-    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1, as serve-bench)")
     p.add_argument("--json", type=Path, default=None)
     a = p.parse_args(argv)
-    if a.threads is not None:
-        torch.set_num_threads(a.threads)
+    torch.set_num_threads(a.threads)
     rates = [float(r) for r in a.rates.split(",")]
     base = ServeBenchOptions(
         requests=a.requests, prompt_lens=parse_range(a.prompt_lens, "--prompt-lens"),

@@ -49,8 +49,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=d.rounds, metavar="N",
                         help=f"timed rounds per engine after one warm-up round; figures are "
                         f"medians (default {d.rounds})")
-    parser.add_argument("--threads", type=int, default=None, metavar="T",
-                        help="torch intra-op threads (default: torch's)")
+    parser.add_argument("--threads", type=int, default=1, metavar="T",
+                        help="torch intra-op threads (default 1: on a small shared machine, "
+                        "threads of one op wait for each other whenever another process "
+                        "takes a core, which swings timings by several times)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     parser.add_argument("--json", type=Path, default=None, metavar="F",
                         help="also write the report as JSON to F (schema: docs/serving.md)")
@@ -104,10 +106,9 @@ def run(args: argparse.Namespace) -> int:
     from ..serving.engine_bench import serve_bench
 
     opts = options_from_args(args)
-    if args.threads is not None:
-        if args.threads < 1:
-            raise ConfigError(f"--threads must be >= 1, got {args.threads}")
-        torch.set_num_threads(args.threads)
+    if args.threads < 1:
+        raise ConfigError(f"--threads must be >= 1, got {args.threads}")
+    torch.set_num_threads(args.threads)
     bar = _Bar(not args.no_progress)
     try:
         report = serve_bench(opts, progress=bar)
