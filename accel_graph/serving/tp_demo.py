@@ -16,6 +16,7 @@ Backend: gloo on the CPU (the default); on GPUs pass ``--backend nccl`` (each ra
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -102,6 +103,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         report = serve_tp(args)
     finally:
+        # The executor's captured graphs hold the process group (their recorded collectives)
+        # in reference cycles; free them while the group is alive, so gloo's threads are not
+        # torn down at interpreter exit (which aborted rank 0 now and then: "terminate called
+        # without an active exception").
+        gc.collect()
         dist.destroy_process_group()
     if report is not None:
         f = report["figures"]

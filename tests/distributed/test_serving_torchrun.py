@@ -39,7 +39,8 @@ def _single_process_tokens() -> list[list[int]]:
     return [r.tokens for r in run.results]
 
 
-@pytest.mark.parametrize("executor", [[], ["--graph", "--no-compile"]], ids=["eager", "graph"])
+@pytest.mark.parametrize("executor", [
+    [], pytest.param(["--graph", "--no-compile"], marks=pytest.mark.slow)], ids=["eager", "graph"])
 def test_torchrun_two_ranks_tokens_equal_single_process(tmp_path: Path, executor: list[str]) -> None:
     out = tmp_path / "tp.json"
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
