@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from accel_graph.testing.distributed import run_ranks
-
 from test_serving_executors import CFG, reference, serve
+
+from accel_graph.testing.distributed import run_ranks
 
 
 def _tp_serve(rank: int, world: int) -> dict[str, Any]:
