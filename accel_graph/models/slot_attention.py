@@ -42,6 +42,21 @@ from ..graphs.islands import eager_island
 __all__ = ["SlotAttentionMeta", "slot_attention"]
 
 
+class _Group:
+    """One attention group of a step (decode rows or chunk rows), host side: ``rows`` cache
+    rows of ``length`` queries each, keys ``0..kv-1``; rows are the slots ``lo..lo+rows-1``
+    (``lo >= 0``: the cache is read through a view, no copy) or the slots in ``slot``
+    (``lo == -1``: gathered)."""
+
+    __slots__ = ("rows", "length", "kv", "lo", "slot", "qpos", "src", "mask")
+
+    def __init__(self, slot: Tensor, qpos: Tensor, src: Tensor) -> None:
+        self.rows = self.length = self.kv = 0
+        self.lo = -1
+        self.slot, self.qpos, self.src = slot, qpos, src
+        self.mask: Tensor | None = None
+
+
 class SlotAttentionMeta:
     """The per-step attention metadata of a flat step, in static int64 tensors, plus the
     step's host-side counts (the live lengths the island slices with).
@@ -56,11 +71,18 @@ class SlotAttentionMeta:
     :meth:`fill` writes one step (one host-to-device copy of one packed buffer); its tensors
     keep their storage for the object's life, so graphs capture them by reference. Fields
     (views of the buffer, valid up to the counts): ``tok_slot``/``tok_pos`` (slot and position
-    of each token), ``tok_src`` (row of each token in the attention output of the two groups
-    laid end to end; padded tokens 0), ``dec_tok``/``dec_slot``/``dec_pos`` (per decode segment:
-    its token's flat index, slot, position), ``chunk_slot``/``chunk_start`` (per chunk segment),
-    ``chunk_src`` (``[Sc * Tc]``: the flat token each padded chunk row reads; padding 0);
-    and, for the executor, ``tok_id`` (the token ids) and ``sample_rows`` (``[max_segments]``).
+    of each token), ``tok_src`` (row of each token in the attention output of the decode rows
+    and the chunk rows laid end to end; padded tokens 0); per group (``dec``, ``chunk``): its
+    rows' slots, first query positions and the flat token each query row reads (``src``,
+    padding 0); and, for the executor, ``tok_id`` (the token ids) and ``sample_rows``
+    (``[max_segments]``: the flat index of the last token of each sampled segment).
+
+    How rows are laid out: decode rows cover the slots ``lo..hi`` of the decode segments when
+    that range is at most twice their number (the attention then reads the cache through a
+    view: decode attention is bound by reading the cache, and a gather would copy it first),
+    else one row per decode segment, gathered. Chunk rows (queries padded to the longest
+    chunk) are one per chunk segment: a view when their slots are consecutive, else gathered
+    (a row with no chunk would cost a whole padded attention).
     """
 
     def __init__(self, max_tokens: int, max_segments: int, max_seq: int, num_slots: int,
@@ -73,12 +95,11 @@ class SlotAttentionMeta:
         self.num_slots = num_slots
         self.device = torch.device(device)
         t, s = max_tokens, max_segments
-        # chunk_src holds at most (segments with >1 token) * (longest chunk) rows; both are
-        # bounded by max_tokens // 2 * max_tokens, kept small by capping with max_segments.
-        chunk_rows = min(s, t // 2 or 1) * t
-        sizes = {"tok_slot": t, "tok_pos": t, "tok_src": t, "tok_id": t, "dec_tok": s,
-                 "dec_slot": s, "dec_pos": s, "chunk_slot": s, "chunk_start": s,
-                 "sample_rows": s, "chunk_src": chunk_rows}
+        chunk_rows = max(1, min(s, t // 2))  # a chunk has two tokens or more
+        sizes = {"tok_slot": t, "tok_pos": t, "tok_src": t, "tok_id": t, "sample_rows": s,
+                 "dec_slot": num_slots, "dec_qpos": num_slots, "dec_src": num_slots,
+                 "chunk_slot": chunk_rows, "chunk_qpos": chunk_rows * t,
+                 "chunk_src": chunk_rows * t}
         self._sizes = sizes
         total = sum(sizes.values())
         self.buffer = torch.zeros(total, dtype=torch.int64, device=self.device)
@@ -90,18 +111,26 @@ class SlotAttentionMeta:
             setattr(self, name, self.buffer[at:at + n])
             self._offsets[name] = at
             at += n
-        self.key_positions = torch.arange(max_seq, device=self.device)
+        self.dec = _Group(self.dec_slot, self.dec_qpos, self.dec_src)
+        self.chunk = _Group(self.chunk_slot, self.chunk_qpos, self.chunk_src)
+        # Row p: the additive mask of a query at position p (0 for keys 0..p, -inf after), so
+        # a step's masks are one index_select per group (max_seq**2 floats: 256 KiB at 256).
+        self.mask_table = torch.zeros(max_seq, max_seq, device=self.device).masked_fill_(
+            torch.ones(max_seq, max_seq, dtype=torch.bool, device=self.device).triu_(1),
+            float("-inf"))
+        self.version = 0
         self.clear()
 
-    # host counts -------------------------------------------------------------------------
     def clear(self) -> None:
         """An empty step: no live token, nothing written or attended (what a graph capture
         runs with, so capturing touches no cache)."""
         self.num_tokens = self.num_samples = 0
-        self.dec_count = self.dec_len = 0
-        self.chunk_count = self.chunk_len = self.chunk_kv = 0
-        self.version = getattr(self, "version", 0) + 1
-        self._masks: tuple[int, Tensor | None, Tensor | None] = (-1, None, None)
+        for g in (self.dec, self.chunk):
+            g.rows = g.length = g.kv = 0
+            g.lo = -1
+            g.mask = None
+        self.version += 1
+        self._mask_version = -1
 
     def fill(self, slots: Sequence[int], starts: Sequence[int], lengths: Sequence[int],
              tokens: Sequence[int] | None = None, sample: Sequence[bool] | None = None) -> None:
@@ -130,10 +159,8 @@ class SlotAttentionMeta:
             raise ValueError(f"{len(tokens)} token ids for {total} tokens")
         tok_slot: list[int] = []
         tok_pos: list[int] = []
-        dec_tok: list[int] = []
-        dec_slot: list[int] = []
-        dec_pos: list[int] = []
-        chunks: list[tuple[int, int, int, int]] = []  # (flat offset, slot, start, length)
+        decs: list[tuple[int, int, int]] = []  # (slot, position, flat index)
+        chunks: list[tuple[int, int, int, int]] = []  # (slot, start, length, flat offset)
         rows: list[int] = []
         off = 0
         for i, (slot, start, n) in enumerate(zip(slots, starts, lengths)):
@@ -147,71 +174,106 @@ class SlotAttentionMeta:
             tok_slot += [slot] * n
             tok_pos += range(start, start + n)
             if n == 1:
-                dec_tok.append(off)
-                dec_slot.append(slot)
-                dec_pos.append(start)
+                decs.append((slot, start, off))
             else:
-                chunks.append((off, slot, start, n))
+                chunks.append((slot, start, n, off))
             off += n
             if sample is not None and sample[i]:
                 rows.append(off - 1)
-        sd, sc = len(dec_tok), len(chunks)
-        tc = max((c[3] for c in chunks), default=0)
-        if sc * tc > self._sizes["chunk_src"]:
-            raise ValueError(
-                f"{sc} prompt chunks padded to {tc} tokens need {sc * tc} rows, more than this "
-                f"metadata holds ({self._sizes['chunk_src']}); lower the step's token budget")
-        # Output row of each token: decode segments first (row d), then the chunk rows
-        # (sd + c * tc + i); rows past the live tokens read row 0. And the token each padded
-        # chunk row reads (padding: token 0).
         tok_src = [0] * self.max_tokens
-        for d, t in enumerate(dec_tok):
-            tok_src[t] = d
-        chunk_src = [0] * (sc * tc)
-        for c, (o, _slot, _start, n) in enumerate(chunks):
-            tok_src[o:o + n] = range(sd + c * tc, sd + c * tc + n)
-            chunk_src[c * tc:c * tc + n] = range(o, o + n)
         host, at = self._host, self._offsets
-        # Staged in one host array (slice stores are C loops), then one copy to the buffer.
-        for name, values in (("tok_slot", tok_slot), ("tok_pos", tok_pos), ("tok_src", tok_src),
-                             ("dec_tok", dec_tok), ("dec_slot", dec_slot), ("dec_pos", dec_pos),
-                             ("chunk_slot", [c[1] for c in chunks]),
-                             ("chunk_start", [c[2] for c in chunks]), ("chunk_src", chunk_src),
-                             ("tok_id", tokens or ()),
-                             ("sample_rows", rows + [0] * (self.max_segments - len(rows)))):
+
+        def put(name: str, values: Sequence[int]) -> None:
             a = at[name]
             host[a:a + len(values)] = array("q", values)
-        self.buffer.copy_(self._host_tensor)
+
+        # Decode rows: a view over the slot range when it is dense enough, else gathered.
+        dec = self.dec
+        dec.rows = dec.length = dec.kv = 0
+        dec.lo = -1
+        if decs:
+            lo = min(d[0] for d in decs)
+            span = max(d[0] for d in decs) - lo + 1
+            if span <= 2 * len(decs):
+                dec.lo, dec.rows = lo, span
+                d_slot = list(range(lo, lo + span))
+                d_start = [0] * span  # rows without a decode token attend to key 0 alone
+                d_src = [0] * span
+                for slot, pos, t in decs:
+                    d_start[slot - lo], d_src[slot - lo] = pos, t
+                    tok_src[t] = slot - lo
+            else:
+                dec.rows = len(decs)
+                d_slot = [d[0] for d in decs]
+                d_start = [d[1] for d in decs]
+                d_src = [d[2] for d in decs]
+                for r, (_slot, _pos, t) in enumerate(decs):
+                    tok_src[t] = r
+            dec.length, dec.kv = 1, max(d[1] for d in decs) + 1
+            put("dec_slot", d_slot)
+            put("dec_qpos", d_start)
+            put("dec_src", d_src)
+        # Chunk rows: one per chunk, queries padded to the longest; a view when consecutive.
+        chunk = self.chunk
+        chunk.rows = chunk.length = chunk.kv = 0
+        chunk.lo = -1
+        if chunks:
+            chunks.sort()  # by slot: consecutive slots then read the cache through a view
+            sc, tc = len(chunks), max(c[2] for c in chunks)
+            if chunks[-1][0] - chunks[0][0] + 1 == sc:
+                chunk.lo = chunks[0][0]
+            chunk.rows, chunk.length = sc, tc
+            chunk.kv = max(c[1] + c[2] for c in chunks)
+            c_src = [0] * (sc * tc)
+            c_qpos = [0] * (sc * tc)  # padded query rows attend to key 0 alone
+            base = dec.rows
+            for r, (_slot, start, n, o) in enumerate(chunks):
+                c_src[r * tc:r * tc + n] = range(o, o + n)
+                c_qpos[r * tc:r * tc + n] = range(start, start + n)
+                tok_src[o:o + n] = range(base + r * tc, base + r * tc + n)
+            put("chunk_slot", [c[0] for c in chunks])
+            put("chunk_qpos", c_qpos)
+            put("chunk_src", c_src)
+        put("tok_slot", tok_slot)
+        put("tok_pos", tok_pos)
+        put("tok_src", tok_src)
+        put("tok_id", tokens or ())
+        put("sample_rows", rows + [0] * (self.max_segments - len(rows)))
+        self.buffer.copy_(self._host_tensor)  # one copy of the packed buffer (a host-to-device copy on GPUs)
         self.num_tokens = total
         self.num_samples = len(rows)
-        self.dec_count, self.dec_len = sd, (max(dec_pos) + 1 if dec_pos else 0)
-        self.chunk_count, self.chunk_len = sc, tc
-        self.chunk_kv = max((c[2] + c[3] for c in chunks), default=0)
         self.version += 1
 
-    # masks, once per step ----------------------------------------------------------------
     def masks(self) -> tuple[Tensor | None, Tensor | None]:
-        """The boolean attention masks of this step (True = attend): decode ``[Sd, 1, 1, Ld]``
-        and chunk ``[Sc, 1, Tc, Lc]``; built on the first call of a step, then reused."""
-        version, dec, chunk = self._masks
-        if version == self.version:
-            return dec, chunk
-        dec = chunk = None
-        if self.dec_count:
-            keys = self.key_positions[:self.dec_len]
-            dec = (keys <= self.dec_pos[:self.dec_count, None]).view(
-                self.dec_count, 1, 1, self.dec_len)
-        if self.chunk_count:
-            keys = self.key_positions[:self.chunk_kv]
-            rows = self.key_positions[:self.chunk_len]
-            last = self.chunk_start[:self.chunk_count, None] + rows  # [Sc, Tc] query positions
-            chunk = (keys <= last[:, :, None]).unsqueeze(1)
-        self._masks = (self.version, dec, chunk)
-        return dec, chunk
+        """The additive attention masks of this step (0 = attend, -inf = hidden): decode
+        ``[rows, 1, 1, kv]`` and chunk ``[rows, 1, length, kv]``, a query at position ``p``
+        seeing keys ``0..p``. Built on the first call of a step (the first layer), then reused;
+        every row sees key 0 at least, so no row is all ``-inf``."""
+        if self._mask_version != self.version:
+            for g in (self.dec, self.chunk):
+                g.mask = None
+                if g.rows:
+                    rows = self.mask_table[:, :g.kv].index_select(0, g.qpos[:g.rows * g.length])
+                    g.mask = rows.view(g.rows, 1, g.length, g.kv)
+            self._mask_version = self.version
+        return self.dec.mask, self.chunk.mask
 
 
-def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) -> Tensor:
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+def _group_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, g: _Group,
+                     scale: float) -> Tensor:
+    """Attention of one group's query rows: ``[rows * length, H, D]``."""
+    h, d = q.shape[1], q.shape[2]
+    rows, length = g.rows, g.length
+    qg = q.index_select(0, g.src[:rows * length]).view(rows, length, h, d).transpose(1, 2)
+    if g.lo >= 0:  # consecutive slots: read the cache in place
+        kg = k_cache[g.lo:g.lo + rows, :, :g.kv]
+        vg = v_cache[g.lo:g.lo + rows, :, :g.kv]
+    else:
+        slots = g.slot[:rows]
+        kg = k_cache[:, :, :g.kv].index_select(0, slots)
+        vg = v_cache[:, :, :g.kv].index_select(0, slots)
+    out = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=g.mask, scale=scale)
+    return out.transpose(1, 2).reshape(rows * length, h, d)
 
 
 @eager_island
@@ -231,24 +293,9 @@ def slot_attention(layer: nn.Module, q: Tensor, k: Tensor, v: Tensor,
     # index tensors, so the indexed result is [n, H, D], the layout of k[:n].
     k_cache[slot, :, pos] = k[:n]
     v_cache[slot, :, pos] = v[:n]
-    dec_mask, chunk_mask = meta.masks()
+    meta.masks()
     scale = layer.scale
-    outs = []
-    if dec_mask is not None:
-        sd, ld = meta.dec_count, meta.dec_len
-        qd = q.index_select(0, meta.dec_tok[:sd]).unsqueeze(2)  # [Sd, H, 1, D]
-        slots = meta.dec_slot[:sd]
-        kd = k_cache[:, :, :ld].index_select(0, slots)
-        vd = v_cache[:, :, :ld].index_select(0, slots)
-        outs.append(_attend(qd, kd, vd, dec_mask, scale).squeeze(2))  # [Sd, H, D]
-    if chunk_mask is not None:
-        sc, tc, lc = meta.chunk_count, meta.chunk_len, meta.chunk_kv
-        h, d = q.shape[1], q.shape[2]
-        qc = q.index_select(0, meta.chunk_src[:sc * tc]).view(sc, tc, h, d).transpose(1, 2)
-        slots = meta.chunk_slot[:sc]
-        kc = k_cache[:, :, :lc].index_select(0, slots)
-        vc = v_cache[:, :, :lc].index_select(0, slots)
-        oc = _attend(qc, kc, vc, chunk_mask, scale)  # [Sc, H, Tc, D]
-        outs.append(oc.transpose(1, 2).reshape(sc * tc, h, d))
+    outs = [_group_attention(q, k_cache, v_cache, g, scale)
+            for g in (meta.dec, meta.chunk) if g.rows]
     rows = outs[0] if len(outs) == 1 else torch.cat(outs)
     return rows.index_select(0, meta.tok_src[:q.shape[0]])

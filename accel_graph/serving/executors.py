@@ -30,7 +30,7 @@ from ..models.slot_attention import SlotAttentionMeta
 from ..runner import GraphRunner
 from .step import StepBatch
 
-__all__ = ["EagerExecutor", "GraphExecutor", "serving_config", "token_ladder"]
+__all__ = ["EagerExecutor", "GraphExecutor", "greedy_step", "serving_config", "token_ladder"]
 
 log = logging.getLogger("accel_graph")
 
@@ -59,6 +59,14 @@ def token_ladder(max_tokens: int) -> list[int]:
         b *= 2
     ladder.append(max_tokens)
     return ladder
+
+
+def greedy_step(model: Decoder, meta: SlotAttentionMeta, tokens: torch.Tensor,
+                positions: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """The step both executors run: :meth:`Decoder.flat_forward` and the greedy choice on the
+    sampled rows (``[len(rows)]`` int64), so the graph's output is the tokens themselves and
+    the host reads a handful of ints, not the logits."""
+    return model.flat_forward(tokens, positions, rows, meta).argmax(dim=-1)
 
 
 def _build_model(config: DecoderConfig, num_slots: int | None, process_group: Any,
@@ -107,12 +115,10 @@ class _FlatExecutor:
         self.meta.fill([s.slot for s in segs], [s.start for s in segs],
                        [len(s.tokens) for s in segs], tokens, [s.sample for s in segs])
 
-    def _tokens(self, logits: torch.Tensor) -> list[int]:
+    def _tokens(self, chosen: torch.Tensor) -> list[int]:
         n = self.meta.num_samples
-        if n == 0:
-            return []
         # The one host read of the step.
-        return logits[:n].argmax(dim=-1).tolist()
+        return chosen[:n].tolist() if n else []
 
     def _base_facts(self) -> dict[str, Any]:
         return {"kind": self.kind, "num_slots": self.num_slots, "max_seq": self.max_seq,
@@ -152,9 +158,9 @@ class EagerExecutor(_FlatExecutor):
         meta = self.meta
         n = meta.num_tokens
         with torch.inference_mode():
-            logits = self.model.flat_forward(meta.tok_id[:n], meta.tok_pos[:n],
-                                             meta.sample_rows[:max(meta.num_samples, 1)], meta)
-            out = self._tokens(logits)
+            chosen = greedy_step(self.model, meta, meta.tok_id[:n], meta.tok_pos[:n],
+                                 meta.sample_rows[:max(meta.num_samples, 1)])
+            out = self._tokens(chosen)
         self.steps += 1
         self.tokens_run += n
         return out
@@ -210,7 +216,7 @@ class GraphExecutor(_FlatExecutor):
 
         def flat_step(tokens: torch.Tensor, positions: torch.Tensor,
                       rows: torch.Tensor) -> torch.Tensor:
-            return model_.flat_forward(tokens, positions, rows, meta)
+            return greedy_step(model_, meta, tokens, positions, rows)
 
         self._sample_rows = sample_rows
         example = (meta.tok_id[:1], meta.tok_pos[:1], sample_rows)
@@ -248,7 +254,7 @@ class GraphExecutor(_FlatExecutor):
         n = meta.num_tokens
         tokens, positions = meta.tok_id[:n], meta.tok_pos[:n]
         try:
-            logits = self.runner(tokens, positions, self._sample_rows)
+            chosen = self.runner(tokens, positions, self._sample_rows)
         except AccelGraphError as exc:
             if self.process_group is not None:
                 raise
@@ -256,8 +262,8 @@ class GraphExecutor(_FlatExecutor):
             # position), so running it again eagerly is safe after a replay that failed midway.
             self._note_fallback(f"graph step failed ({type(exc).__name__}: {exc})")
             with torch.inference_mode():
-                logits = self.model.flat_forward(tokens, positions, self._sample_rows, meta)
-        out = self._tokens(logits)
+                chosen = greedy_step(self.model, meta, tokens, positions, self._sample_rows)
+        out = self._tokens(chosen)
         self.steps += 1
         self.tokens_run += n
         return out
