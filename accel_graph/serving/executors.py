@@ -109,11 +109,8 @@ class _FlatExecutor:
         segs = batch.segments
         if not isinstance(batch, StepBatch) or not segs:
             raise ValueError(f"run() takes a StepBatch with at least one segment, got {batch!r}")
-        tokens: list[int] = []
-        for s in segs:
-            tokens += s.tokens
         self.meta.fill([s.slot for s in segs], [s.start for s in segs],
-                       [len(s.tokens) for s in segs], tokens, [s.sample for s in segs])
+                       [s.tokens for s in segs], [s.sample for s in segs])
 
     def _tokens(self, chosen: torch.Tensor) -> list[int]:
         n = self.meta.num_samples
