@@ -39,10 +39,13 @@ DEFAULT_MAX_TOKENS = 64
 
 
 def serving_config(**overrides: Any) -> DecoderConfig:
-    """The bundled decoder sized for serving benchmarks on a small CPU: the default
-    :class:`DecoderConfig` widths, a 256-token context and 16 slots (``max_batch``).
-    ``overrides`` replace fields (``max_batch=32``)."""
-    base = {"max_seq": 256, "max_batch": 16}
+    """The bundled decoder sized for the serving benchmark on a small CPU: 4 layers of width 32
+    (2 heads of 16, MLP 96), a 256-token context and 16 slots (``max_batch``). Narrow on
+    purpose: on a CPU a graph removes dispatch overhead, not arithmetic, so a model whose
+    matmuls dominate (width 128 at 16 tokens per step) gains little, as a GPU decode step
+    dominated by launches gains much. ``overrides`` replace fields (``max_batch=32``)."""
+    base: dict[str, Any] = {"dim": 32, "n_heads": 2, "mlp_hidden": 96, "n_layers": 4,
+                            "max_seq": 256, "max_batch": 16}
     base.update(overrides)
     return DecoderConfig(**base)
 
@@ -180,7 +183,8 @@ class GraphExecutor(_FlatExecutor):
             largest must equal ``max_tokens``.
         max_segments: the most segments one step may carry (default: the number of slots).
         compile: ``None`` (interpreted replay) or ``"inductor"`` (compiled replay).
-        compile_options: passed to the runner (``{"cpp_wrapper": True}``, ...).
+        compile_options: passed to the runner (default with ``compile``: ``{"replay":
+            "compiled"}``).
         verify: the runner's replay verification (``True``: the first two replays of each
             bucket are compared with eager).
         process_group: the tensor-parallel group (the runner agrees on buckets across ranks).
@@ -206,6 +210,11 @@ class GraphExecutor(_FlatExecutor):
                 f"buckets={buckets} must end at max_tokens={max_tokens} (the largest step a "
                 f"graph serves); add {max_tokens}")
         self.compile_mode = compile
+        if compile is not None and compile_options is None:
+            # Compiled, not "auto": a graph with islands would spend its first 12 replays timing
+            # the interpreted program too, and on this model compiled replay is the faster one
+            # (tools/bench_flat_step.py --replay interpreted|compiled).
+            compile_options = {"replay": "compiled"}
         self.process_group = process_group
         self._fallback_reasons: dict[str, int] = {}
         meta, model_ = self.meta, model
