@@ -147,8 +147,8 @@ def test_settings_errors() -> None:
         EagerExecutor(model, max_segments=5)
     with pytest.raises(ConfigError, match="Decoder"):
         EagerExecutor(torch.nn.Linear(2, 2))  # type: ignore[arg-type]
-    assert token_ladder(64) == [8, 16, 32, 64] and token_ladder(20) == [8, 16, 20]
-    assert token_ladder(4) == [4]
+    assert token_ladder(64) == [4, 8, 16, 32, 64] and token_ladder(20) == [4, 8, 16, 20]
+    assert token_ladder(4) == [4] and token_ladder(3) == [3]
 
 
 def test_from_config_sizes_slots() -> None:

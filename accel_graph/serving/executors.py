@@ -6,8 +6,9 @@ Both run the same model code, :meth:`Decoder.flat_forward
 rotary, MLP, LM head on the sampled rows) and, per layer, attention over the slot KV cache as an
 eager island (:mod:`accel_graph.models.slot_attention`). :class:`EagerExecutor` calls it under
 ``torch.inference_mode()`` (the baseline); :class:`GraphExecutor` serves it from a
-:class:`~accel_graph.GraphRunner` bucketed on the step's number of tokens (``bucket_by=
-"tokens"``): tokens and positions are padded up to the bucket, the attention metadata lives in
+:class:`~accel_graph.GraphRunner` bucketed on the step's number of tokens (docs/runner.md
+"Token buckets": flat inputs with ``batch_dim=0``): tokens and positions are padded up to the
+bucket, the attention metadata lives in
 static tensors the graphs read by reference, and the islands run with the live lengths. Either
 works over a :class:`~accel_graph.models.Decoder` or one rank's
 :class:`~accel_graph.models.TPDecoder` (every rank runs the same steps).
@@ -51,12 +52,12 @@ def serving_config(**overrides: Any) -> DecoderConfig:
 
 
 def token_ladder(max_tokens: int) -> list[int]:
-    """The default token buckets up to ``max_tokens``: 8, 16, 32, ... (powers of two), then
+    """The default token buckets up to ``max_tokens``: 4, 8, 16, 32, ... (powers of two), then
     ``max_tokens`` itself (decode-only steps of a few requests pad little; a step with a prompt
-    chunk pads at most to twice its size)."""
+    chunk pads at most to twice its size). Few buckets: each is compiled on capture."""
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
         raise ConfigError(f"max_tokens must be a positive int, got {max_tokens!r}")
-    ladder, b = [], 8
+    ladder, b = [], 4
     while b < max_tokens:
         ladder.append(b)
         b *= 2
@@ -172,8 +173,9 @@ class EagerExecutor(_FlatExecutor):
 
 
 class GraphExecutor(_FlatExecutor):
-    """Runs each step from graphs captured per token bucket (a :class:`GraphRunner` with
-    ``bucket_by="tokens"``); the attention islands run eagerly with the live lengths.
+    """Runs each step from graphs captured per token bucket (a :class:`GraphRunner` over the
+    flat step, docs/runner.md "Token buckets"); the attention islands run eagerly with the
+    live lengths.
 
     Args:
         model: a :class:`Decoder` (or one rank's :class:`TPDecoder`: pass ``process_group``
