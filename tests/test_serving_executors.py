@@ -147,8 +147,8 @@ def test_settings_errors() -> None:
         EagerExecutor(model, max_segments=5)
     with pytest.raises(ConfigError, match="Decoder"):
         EagerExecutor(torch.nn.Linear(2, 2))  # type: ignore[arg-type]
-    assert token_ladder(64) == [8, 16, 32, 64] and token_ladder(20) == [8, 16, 20]
-    assert token_ladder(4) == [4]
+    assert token_ladder(64) == [4, 8, 16, 32, 64] and token_ladder(20) == [4, 8, 16, 20]
+    assert token_ladder(4) == [4] and token_ladder(3) == [3]
 
 
 def test_from_config_sizes_slots() -> None:
@@ -186,3 +186,18 @@ def test_failed_replay_serves_the_step_eagerly(ref: dict[int, list[int]],
     assert gen == ref
     assert sum("injected failure" in r.getMessage() for r in caplog.records) == 1
     assert ex.describe()["eager_steps"] == 2
+
+
+def test_moe_decoder_flat_steps_equal_each_request_alone() -> None:
+    """The mixture-of-experts decoder (its experts loop is an island too) through both
+    executors: islands of two kinds in one graph."""
+    import dataclasses
+
+    moe = dataclasses.replace(CFG, num_experts=4, top_k=2)
+    model = Decoder(moe)
+    ref = {s: greedy_generate(model, torch.tensor([p]), NEW)[0, len(p):].tolist()
+           for s, p in PROMPTS.items()}
+    assert serve(EagerExecutor(Decoder(moe), max_tokens=16))[0] == ref
+    graph = GraphExecutor(Decoder(moe), max_tokens=16, buckets=[16], compile=None)
+    assert serve(graph)[0] == ref
+    assert graph.describe()["eager_steps"] == 0

@@ -6,8 +6,9 @@ Both run the same model code, :meth:`Decoder.flat_forward
 rotary, MLP, LM head on the sampled rows) and, per layer, attention over the slot KV cache as an
 eager island (:mod:`accel_graph.models.slot_attention`). :class:`EagerExecutor` calls it under
 ``torch.inference_mode()`` (the baseline); :class:`GraphExecutor` serves it from a
-:class:`~accel_graph.GraphRunner` bucketed on the step's number of tokens (``bucket_by=
-"tokens"``): tokens and positions are padded up to the bucket, the attention metadata lives in
+:class:`~accel_graph.GraphRunner` bucketed on the step's number of tokens (docs/runner.md
+"Token buckets": flat inputs with ``batch_dim=0``): tokens and positions are padded up to the
+bucket, the attention metadata lives in
 static tensors the graphs read by reference, and the islands run with the live lengths. Either
 works over a :class:`~accel_graph.models.Decoder` or one rank's
 :class:`~accel_graph.models.TPDecoder` (every rank runs the same steps).
@@ -39,21 +40,24 @@ DEFAULT_MAX_TOKENS = 64
 
 
 def serving_config(**overrides: Any) -> DecoderConfig:
-    """The bundled decoder sized for serving benchmarks on a small CPU: the default
-    :class:`DecoderConfig` widths, a 256-token context and 16 slots (``max_batch``).
-    ``overrides`` replace fields (``max_batch=32``)."""
-    base = {"max_seq": 256, "max_batch": 16}
+    """The bundled decoder sized for the serving benchmark on a small CPU: 4 layers of width 32
+    (2 heads of 16, MLP 96), a 256-token context and 16 slots (``max_batch``). Narrow on
+    purpose: on a CPU a graph removes dispatch overhead, not arithmetic, so a model whose
+    matmuls dominate (width 128 at 16 tokens per step) gains little, as a GPU decode step
+    dominated by launches gains much. ``overrides`` replace fields (``max_batch=32``)."""
+    base: dict[str, Any] = {"dim": 32, "n_heads": 2, "mlp_hidden": 96, "n_layers": 4,
+                            "max_seq": 256, "max_batch": 16}
     base.update(overrides)
     return DecoderConfig(**base)
 
 
 def token_ladder(max_tokens: int) -> list[int]:
-    """The default token buckets up to ``max_tokens``: 8, 16, 32, ... (powers of two), then
+    """The default token buckets up to ``max_tokens``: 4, 8, 16, 32, ... (powers of two), then
     ``max_tokens`` itself (decode-only steps of a few requests pad little; a step with a prompt
-    chunk pads at most to twice its size)."""
+    chunk pads at most to twice its size). Few buckets: each is compiled on capture."""
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
         raise ConfigError(f"max_tokens must be a positive int, got {max_tokens!r}")
-    ladder, b = [], 8
+    ladder, b = [], 4
     while b < max_tokens:
         ladder.append(b)
         b *= 2
@@ -109,11 +113,8 @@ class _FlatExecutor:
         segs = batch.segments
         if not isinstance(batch, StepBatch) or not segs:
             raise ValueError(f"run() takes a StepBatch with at least one segment, got {batch!r}")
-        tokens: list[int] = []
-        for s in segs:
-            tokens += s.tokens
         self.meta.fill([s.slot for s in segs], [s.start for s in segs],
-                       [len(s.tokens) for s in segs], tokens, [s.sample for s in segs])
+                       [s.tokens for s in segs], [s.sample for s in segs])
 
     def _tokens(self, chosen: torch.Tensor) -> list[int]:
         n = self.meta.num_samples
@@ -172,8 +173,9 @@ class EagerExecutor(_FlatExecutor):
 
 
 class GraphExecutor(_FlatExecutor):
-    """Runs each step from graphs captured per token bucket (a :class:`GraphRunner` with
-    ``bucket_by="tokens"``); the attention islands run eagerly with the live lengths.
+    """Runs each step from graphs captured per token bucket (a :class:`GraphRunner` over the
+    flat step, docs/runner.md "Token buckets"); the attention islands run eagerly with the
+    live lengths.
 
     Args:
         model: a :class:`Decoder` (or one rank's :class:`TPDecoder`: pass ``process_group``
@@ -183,7 +185,8 @@ class GraphExecutor(_FlatExecutor):
             largest must equal ``max_tokens``.
         max_segments: the most segments one step may carry (default: the number of slots).
         compile: ``None`` (interpreted replay) or ``"inductor"`` (compiled replay).
-        compile_options: passed to the runner (``{"cpp_wrapper": True}``, ...).
+        compile_options: passed to the runner (default with ``compile``: ``{"replay":
+            "compiled"}``).
         verify: the runner's replay verification (``True``: the first two replays of each
             bucket are compared with eager).
         process_group: the tensor-parallel group (the runner agrees on buckets across ranks).
@@ -209,6 +212,11 @@ class GraphExecutor(_FlatExecutor):
                 f"buckets={buckets} must end at max_tokens={max_tokens} (the largest step a "
                 f"graph serves); add {max_tokens}")
         self.compile_mode = compile
+        if compile is not None and compile_options is None:
+            # Compiled, not "auto": a graph with islands would spend its first 12 replays timing
+            # the interpreted program too, and on this model compiled replay is the faster one
+            # (tools/bench_flat_step.py --replay interpreted|compiled).
+            compile_options = {"replay": "compiled"}
         self.process_group = process_group
         self._fallback_reasons: dict[str, int] = {}
         meta, model_ = self.meta, model
