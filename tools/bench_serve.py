@@ -6,7 +6,7 @@ few requests) and the graph engine shows in TPOT; as the rate grows steps batch 
 every rate (captured once); each rate is a full serve-bench (warm-up, then alternating rounds,
 medians; :mod:`accel_graph.serving.engine_bench`):
 
-    .venv/bin/python tools/bench_serve.py --rates 20,100,400 --json docs/bench-serve-sweep.json
+    .venv/bin/python tools/bench_serve.py --rates 50,250,1000 --json docs/bench-serve-sweep.json
 
 Prints a table; ``--json`` writes ``{"tool", "created_utc", "hardware", "load_before",
 "rates": [accel_graph.serve-bench/1 reports]}``. Exit status 1 if any rate's tokens differ
@@ -40,7 +40,7 @@ def _load() -> str:
 def main(argv: list[str] | None = None) -> int:
     d = ServeBenchOptions()
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rates", default="20,100,400",
+    p.add_argument("--rates", default="50,250,1000",
                    help="arrival rates in requests/s, comma-separated (default %(default)s)")
     p.add_argument("--requests", type=int, default=d.requests)
     p.add_argument("--prompt-lens", default=f"{d.prompt_lens[0]}:{d.prompt_lens[1]}")

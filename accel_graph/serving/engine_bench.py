@@ -41,8 +41,8 @@ FIGURES = ("tokens_per_s", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50", "tpot_ms
 class ServeBenchOptions:
     """One serve-bench run (the CLI's options; docs/serving.md)."""
 
-    requests: int = 64
-    rate: float = 400.0
+    requests: int = 96
+    rate: float = 1000.0
     prompt_lens: tuple[int, int] = (16, 96)
     new_tokens: tuple[int, int] = (16, 48)
     seed: int = 0
