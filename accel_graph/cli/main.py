@@ -35,6 +35,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "accel_graph.cli.doctor",
         "what accel-graph sees here: backends, versions, arch, allocator",
     ),
+    "serve-bench": (
+        "accel_graph.cli.serve_bench",
+        "serve one request stream with the eager and the graph engine: tokens/s, TTFT, TPOT",
+    ),
 }
 
 PROG = "accel-graph"

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .moe import MoeBlock
+from .slot_attention import SlotAttentionMeta, slot_attention
 
 __all__ = ["Decoder", "DecoderConfig", "greedy_generate"]
 
@@ -153,12 +154,35 @@ def block_forward(layer: nn.Module, x: Tensor, cos: Tensor, sin: Tensor, rows: T
     probs = torch.softmax(scores.masked_fill_(masked, float("-inf")), dim=-1)
     attn = F.linear(torch.matmul(probs, v_cache).reshape(b, -1), layer.wo)
     x = x + (attn if reduce is None else reduce(attn))
+    return _mlp_forward(layer, x, reduce)
+
+
+def _mlp_forward(layer: nn.Module, x: Tensor, reduce: Callable[[Tensor], Tensor] | None) -> Tensor:
+    """The second half of a block: ``x`` plus the (dense or MoE) MLP of its norm."""
     moe = layer.moe
     if moe is not None:
         return x + moe(rms_norm(x, layer.mlp_norm, layer.eps))
     gate, up = F.linear(rms_norm(x, layer.mlp_norm, layer.eps), layer.w_gate_up).chunk(2, dim=-1)
     mlp = F.linear(F.silu(gate) * up, layer.w_down)
     return x + (mlp if reduce is None else reduce(mlp))
+
+
+def flat_block_forward(layer: nn.Module, x: Tensor, cos: Tensor, sin: Tensor,
+                       meta: SlotAttentionMeta,
+                       reduce: Callable[[Tensor], Tensor] | None = None) -> Tensor:
+    """One decoder block over a flat step ``x [T, dim]``: the token-wise parts of
+    :func:`block_forward` (norms, projections, rotary, MLP) around attention over the slot
+    cache, which is the eager island :func:`~.slot_attention.slot_attention`."""
+    t = x.shape[0]
+    q, k, v = (
+        F.linear(rms_norm(x, layer.attn_norm, layer.eps), layer.wqkv)
+        .view(t, 3, layer.n_heads, layer.head_dim)
+        .unbind(1)
+    )
+    q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+    attn = F.linear(slot_attention(layer, q, k, v, meta).reshape(t, -1), layer.wo)
+    x = x + (attn if reduce is None else reduce(attn))
+    return _mlp_forward(layer, x, reduce)
 
 
 class Decoder(nn.Module):
@@ -270,6 +294,41 @@ class Decoder(nn.Module):
                 torch.ones(b, dtype=torch.bool, device=dev))
         i, _, _, out, _ = while_loop(cond, body, init, ())
         return out, i
+
+    def flat_metadata(self, max_tokens: int, max_segments: int | None = None) -> SlotAttentionMeta:
+        """Static attention metadata for :meth:`flat_forward` steps of up to ``max_tokens``
+        tokens and ``max_segments`` segments (default: one per slot, ``max_batch``), on the
+        model's device."""
+        cfg = self.config
+        return SlotAttentionMeta(max_tokens, max_segments or cfg.max_batch, cfg.max_seq,
+                                 cfg.max_batch, device=self.tok_emb.device)
+
+    def flat_forward(self, tokens: Tensor, positions: Tensor, sample_rows: Tensor,
+                     meta: SlotAttentionMeta) -> Tensor:
+        """One flat mixed prefill/decode step over the slot KV cache: returns the logits of
+        the rows ``sample_rows`` (``[S, vocab_size]``).
+
+        ``tokens`` and ``positions`` are int64 ``[T]``: the step's tokens laid end to end
+        (``T >= meta.num_tokens``; rows past the live tokens are padding: they write nowhere
+        and are never read back); ``sample_rows`` int64 ``[S]`` are the flat indices of the
+        tokens whose logits are wanted (the last token of each sampled segment; padding may
+        repeat any row). ``meta`` (:meth:`flat_metadata`, filled for this step) says which slot
+        and position each live token has; each layer writes every live token's key and value
+        into its slot at its position and attends over that slot's cache ``0..position``
+        (:func:`~.slot_attention.slot_attention`, an eager island in a capture). Rows of the
+        cache are slots: ``decode_step`` rows and slots are the same cache. Capturable.
+        """
+        if tokens.dim() != 1 or positions.shape != tokens.shape or sample_rows.dim() != 1:
+            raise ValueError(
+                f"flat_forward wants tokens and positions of shape [T] and sample_rows [S], got "
+                f"{tuple(tokens.shape)}, {tuple(positions.shape)} and {tuple(sample_rows.shape)}")
+        x = self.tok_emb.index_select(0, tokens)
+        cos = self.rope_cos.index_select(0, positions).unsqueeze(1)
+        sin = self.rope_sin.index_select(0, positions).unsqueeze(1)
+        for layer in self.layers:
+            x = flat_block_forward(layer, x, cos, sin, meta, getattr(layer, "reduce", None))
+        h = x.index_select(0, sample_rows)
+        return F.linear(rms_norm(h, self.final_norm, self.eps), self.lm_head)
 
     def forward(self, tokens: Tensor, positions: Tensor) -> Tensor:
         """Same as :meth:`decode_step`."""
