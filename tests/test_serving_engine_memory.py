@@ -69,7 +69,7 @@ def test_slots_from_budget(plan: bool) -> None:
     assert (kv.pool_bytes, kv.warmup_peak_bytes, kv.weights_bytes) == (pool, warm, 1000)
     assert kv.bytes_per_slot == SLOT_BYTES
     assert kv.slots == (budget - 1000 - pool - warm) // SLOT_BYTES == eng.executor.num_slots
-    assert built == [(1, False), (kv.slots, True)] and eng.executor.captured
+    assert built == [(1, False), (kv.slots, not plan)] and eng.executor.captured
     # The engine built this way serves requests.
     res = eng.submit(Request([1, 2, 3], 4))
     while eng.has_work():
@@ -86,3 +86,25 @@ def test_max_slots_caps() -> None:
     eng = Engine.from_memory_budget(lambda s, capture: _FakeGraphExecutor(s, capture, True),
                                     10**6, max_slots=5)
     assert eng.executor.num_slots == 5 == eng.kv_cache.slots
+
+
+def test_planned_pool_that_grows_with_slots_is_rechecked() -> None:
+    """FAKE runner whose planned pool grows with the slots (as decode graphs' rows do): the
+    final executor is planned again and given fewer slots, so weights + pool + warm-up + KV
+    stay within the budget."""
+    per_slot_pool = 200
+
+    class _GrowingExecutor(_FakeGraphExecutor):
+        def __init__(self, slots: int, capture: bool) -> None:
+            super().__init__(slots, capture, True)
+            self.runner.plan_memory = lambda: {"pool_peak_reserved_bytes": 3000 + per_slot_pool * slots,
+                                               "warmup_peak_bytes": 500}
+
+    budget = 20_000
+    eng = Engine.from_memory_budget(lambda s, capture: _GrowingExecutor(s, capture), budget)
+    kv = eng.kv_cache
+    assert kv is not None and eng.executor.captured
+    probe_slots = (budget - 1000 - 3200 - 500) // SLOT_BYTES
+    assert kv.slots < probe_slots
+    assert kv.pool_bytes == 3000 + per_slot_pool * kv.slots
+    assert 1000 + kv.pool_bytes + 500 + kv.slots * SLOT_BYTES <= budget

@@ -71,19 +71,27 @@ def test_eager_mixed_steps_equal_each_request_alone(ref: dict[int, list[int]], o
     assert max(sizes) > 4 and min(sizes) < 4  # both prefill-heavy and decode-only steps ran
 
 
-@pytest.mark.parametrize("compile_mode", [None, "inductor"])
+@pytest.mark.parametrize(("compile_mode", "decode_graphs"),
+                         [(None, True), (None, False), ("inductor", True)])
 def test_graph_mixed_steps_equal_each_request_alone(ref: dict[int, list[int]],
-                                                    compile_mode: str | None) -> None:
+                                                    compile_mode: str | None,
+                                                    decode_graphs: bool) -> None:
     options = {"replay": "compiled"} if compile_mode else None
     ex = GraphExecutor(Decoder(CFG), max_tokens=16, buckets=[4, 16], compile=compile_mode,
-                       compile_options=options)
+                       compile_options=options, decode_graphs=decode_graphs)
     gen, _ = serve(ex)
     assert gen == ref
     facts = ex.describe()
     assert facts["kind"] == "graph" and facts["buckets"] == [4, 16]
     assert facts["eager_steps"] == 0 and facts["eager_fallbacks"] == []
     assert sum(facts["bucket_use"].values()) == facts["steps"]
-    assert facts["bucket_use"]["4"] > 0 and facts["bucket_use"]["16"] > 0
+    decode_use = sum(n for b, n in facts["bucket_use"].items() if b.startswith("decode"))
+    if decode_graphs:  # decode-only steps ran whole-step graphs, mixed ones token buckets
+        assert decode_use > 0 and facts["bucket_use"]["16"] > 0
+        assert facts["decode_graphs"] == {"kv_buckets": [24, 48], "row_buckets": [4]}
+    else:
+        assert decode_use == 0 and facts["decode_graphs"] is None
+        assert facts["bucket_use"]["4"] > 0 and facts["bucket_use"]["16"] > 0
     assert facts["pool_bytes"] and facts["compile"] == compile_mode
 
 

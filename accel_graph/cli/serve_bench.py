@@ -125,6 +125,14 @@ def _ms(v: Any) -> str:
     return "-" if v is None else f"{v:.2f}"
 
 
+def _bucket_order(key: str) -> tuple[int, ...]:
+    """Token buckets ("64") by size, then decode graphs ("decode 16x128") by rows and keys."""
+    if key.startswith("decode "):
+        rows, kv = key[len("decode "):].split("x")
+        return (1, int(rows), int(kv))
+    return (0, int(key))
+
+
 def format_report(report: dict[str, Any]) -> str:
     """The serve-bench table (and the lines under it) from a report."""
     o = report["options"]
@@ -135,7 +143,7 @@ def format_report(report: dict[str, Any]) -> str:
                           "TPOT p99 ms", "steps"], rows)
     kv = report["kv_cache"]
     use = ", ".join(f"{b}: {n}" for b, n in sorted(report["bucket_use"].items(),
-                                                   key=lambda kv_: int(kv_[0])))
+                                                   key=lambda kv_: _bucket_order(kv_[0])))
     ratio = report["tpot_p50_ratio"]
     lines = [
         f"serve-bench: {report['requests']} requests at {o['rate']}/s, prompts "

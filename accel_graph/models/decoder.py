@@ -123,19 +123,27 @@ class _Layer(nn.Module):
         self.register_buffer("v_cache", torch.zeros(cache_shape), persistent=False)
 
     def forward(
-        self, x: Tensor, cos: Tensor, sin: Tensor, rows: Tensor, positions: Tensor, masked: Tensor
+        self, x: Tensor, cos: Tensor, sin: Tensor, rows: Tensor, positions: Tensor, masked: Tensor,
+        live: Tensor | None = None,
     ) -> Tensor:
-        return block_forward(self, x, cos, sin, rows, positions, masked)
+        return block_forward(self, x, cos, sin, rows, positions, masked, live=live)
 
 
 def block_forward(layer: nn.Module, x: Tensor, cos: Tensor, sin: Tensor, rows: Tensor,
                   positions: Tensor, masked: Tensor,
-                  reduce: Callable[[Tensor], Tensor] | None = None) -> Tensor:
+                  reduce: Callable[[Tensor], Tensor] | None = None,
+                  live: Tensor | None = None) -> Tensor:
     """One decoder block on ``layer``'s weights and KV cache (attention, then the gated MLP).
 
+    Row ``i`` of ``x`` is cache row ``i``; it writes its key and value at ``positions[i]`` and
+    attends over keys ``0..K-1`` of its row, ``K = masked.shape[-1]`` (the whole cache, or a
+    shorter extent that covers every live position), hiding those ``masked`` marks.
     ``reduce`` (tensor parallelism, :mod:`.tp_decoder`) all-reduces the attention output and
     the MLP output of a rank's shard; None for the single-process block. ``layer.moe`` (None:
-    dense) replaces the gated MLP with the mixture of experts of :mod:`.moe`.
+    dense) replaces the gated MLP with the mixture of experts of :mod:`.moe`. ``live`` (bool
+    ``[B]``, None: every row) marks the rows whose key and value are written: a row that is not
+    live writes back what its row already holds at its position, so it changes nothing (its
+    output is computed and must not be read).
     """
     b = x.shape[0]
     q, k, v = (
@@ -145,10 +153,19 @@ def block_forward(layer: nn.Module, x: Tensor, cos: Tensor, sin: Tensor, rows: T
     )
     q, k = rotate(q, cos, sin), rotate(k, cos, sin)
     k_cache, v_cache = layer.k_cache[:b], layer.v_cache[:b]
+    if live is not None:
+        # Not a live row: write back the old value (a gather, then the same scatter), so the
+        # write keeps one static shape and touches nothing (as padded rows must).
+        keep = live.view(b, 1, 1)
+        k = torch.where(keep, k, k_cache[rows, :, positions])
+        v = torch.where(keep, v, v_cache[rows, :, positions])
     # In-place write of this step's key/value at (row, :, position[row]); the indices are
     # int64 tensors, so the write is a static-shape index_put_ (legal under capture).
     k_cache[rows, :, positions] = k
     v_cache[rows, :, positions] = v
+    kv = masked.shape[-1]
+    if kv != k_cache.shape[2]:  # keys 0..kv-1 only: a view, read in place
+        k_cache, v_cache = k_cache[:, :, :kv], v_cache[:, :, :kv]
     scores = torch.matmul(q.unsqueeze(2), k_cache.transpose(-1, -2)) * layer.scale
     # In place on the fresh scores: the functional masked_fill would clone them first.
     probs = torch.softmax(scores.masked_fill_(masked, float("-inf")), dim=-1)
@@ -227,29 +244,59 @@ class Decoder(nn.Module):
         attends over cache entries ``0..positions[i]``; nothing else in the cache changes. Only
         shapes and dtypes are validated, so the step is capturable.
         """
-        cfg = self.config
+        self._check_decode_inputs("decode_step", tokens, positions)
+        return self._decode(tokens, positions, None, self.config.max_seq)
+
+    def slot_decode_step(self, tokens: Tensor, positions: Tensor, live: Tensor,
+                         kv_len: int) -> Tensor:
+        """A decode step over KV-cache *slots* ``0..B-1`` (row ``i`` is slot ``i``), in which
+        only the ``live`` rows take part: returns logits ``[B, vocab_size]``, of which only the
+        live rows are meaningful.
+
+        The whole step, attention included, has static shapes, so a decode-only serving step
+        is captured as one graph (vLLM's FULL graphs of FULL_AND_PIECEWISE; mixed steps use
+        :meth:`flat_forward`, whose attention is an eager island). ``tokens``, ``positions``
+        int64 ``[B]`` and ``live`` bool ``[B]``: a live row writes its key and value at
+        ``(slot i, positions[i])`` and attends over its slot's keys ``0..positions[i]``; a row
+        that is not live (a slot not in this step, or a graph bucket's padding) writes back the
+        value its slot holds at ``positions[i]`` (give 0), so its slot is unchanged.
+        ``kv_len`` (a Python int, part of the graph's shape): keys ``0..kv_len-1`` are read, so
+        every live position must be below it; reading fewer keys is what makes short sequences
+        cheap. Values are not checked (a host sync); shapes and dtypes are.
+        """
+        self._check_decode_inputs("slot_decode_step", tokens, positions)
+        if live.shape != tokens.shape or live.dtype != torch.bool:
+            raise ValueError(f"slot_decode_step wants live as bool [B], got {live.dtype} "
+                             f"{tuple(live.shape)}")
+        if isinstance(kv_len, bool) or not isinstance(kv_len, int) or not 1 <= kv_len <= self.config.max_seq:
+            raise ValueError(f"kv_len must be an int in 1..max_seq={self.config.max_seq}, got {kv_len!r}")
+        return self._decode(tokens, positions, live, kv_len)
+
+    def _check_decode_inputs(self, name: str, tokens: Tensor, positions: Tensor) -> None:
         if tokens.dim() != 1 or positions.shape != tokens.shape:
             raise ValueError(
-                f"decode_step wants tokens and positions of shape [B], got {tuple(tokens.shape)} "
+                f"{name} wants tokens and positions of shape [B], got {tuple(tokens.shape)} "
                 f"and {tuple(positions.shape)}"
             )
         if tokens.dtype != torch.int64 or positions.dtype != torch.int64:
             raise ValueError(
-                f"decode_step wants int64 tokens and positions, got {tokens.dtype} and {positions.dtype}"
+                f"{name} wants int64 tokens and positions, got {tokens.dtype} and {positions.dtype}"
             )
+        if not 1 <= tokens.shape[0] <= self.config.max_batch:
+            raise ValueError(f"batch {tokens.shape[0]} is outside 1..max_batch={self.config.max_batch}")
+
+    def _decode(self, tokens: Tensor, positions: Tensor, live: Tensor | None, kv: int) -> Tensor:
         b = tokens.shape[0]
-        if not 1 <= b <= cfg.max_batch:
-            raise ValueError(f"batch {b} is outside 1..max_batch={cfg.max_batch}")
         x = self.tok_emb.index_select(0, tokens)  # the embedding lookup, with an .out form
         cos = self.rope_cos.index_select(0, positions).unsqueeze(1)
         sin = self.rope_sin.index_select(0, positions).unsqueeze(1)
-        # Causal mask over the whole static cache: key j is hidden from row i when j > pos[i].
-        masked = (self.key_positions.unsqueeze(0) > positions.unsqueeze(1)).view(
-            b, 1, 1, cfg.max_seq
-        )
+        # Causal mask over keys 0..kv-1: key j is hidden from row i when j > pos[i].
+        keys = self.key_positions if kv == self.config.max_seq else self.key_positions[:kv]
+        masked = (keys.unsqueeze(0) > positions.unsqueeze(1)).view(b, 1, 1, kv)
         rows = self.row_index[:b]
         for layer in self.layers:
-            x = layer(x, cos, sin, rows, positions, masked)
+            x = layer(x, cos, sin, rows, positions, masked) if live is None else \
+                layer(x, cos, sin, rows, positions, masked, live)
         return F.linear(rms_norm(x, self.final_norm, self.eps), self.lm_head)
 
     def decode_steps(self, tokens: Tensor, positions: Tensor, *, steps: int,

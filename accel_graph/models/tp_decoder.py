@@ -141,9 +141,10 @@ class _TPLayer(nn.Module):
         self.register_buffer("v_cache", torch.zeros(cache_shape), persistent=False)
 
     def forward(
-        self, x: Tensor, cos: Tensor, sin: Tensor, rows: Tensor, positions: Tensor, masked: Tensor
+        self, x: Tensor, cos: Tensor, sin: Tensor, rows: Tensor, positions: Tensor, masked: Tensor,
+        live: Tensor | None = None,
     ) -> Tensor:
-        return block_forward(self, x, cos, sin, rows, positions, masked, self.reduce)
+        return block_forward(self, x, cos, sin, rows, positions, masked, self.reduce, live)
 
 
 class TPDecoder(Decoder):

@@ -19,20 +19,21 @@ Schema ``accel_graph.runner.memory-plan/1`` (docs/runner.md "Memory plan").
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
 
 from ..backends import memory_planner
+from ..errors import ConfigError
 from ..foundation.gc_pause import gc_paused
 from ..graphs.memory_plan import plan_settings
 from .runtime import RunnerRuntime
 from .state import state_tensors
 from .support import broadcast_outputs
 
-__all__ = ["PLAN_SCHEMA", "plan_runner", "plan_steps"]
+__all__ = ["PLAN_SCHEMA", "plan_runner", "plan_shared_pool", "plan_steps"]
 
 PLAN_SCHEMA = "accel_graph.runner.memory-plan/1"
 
@@ -60,24 +61,14 @@ def plan_steps(planner: Any, steps: list[tuple[str, Callable[[], Any], Callable[
     return rows
 
 
-def plan_runner(rt: RunnerRuntime, *, trace: str | None = None, alloc_conf: str | None = None,
-                ) -> dict[str, Any]:
-    """The memory plan of ``rt``'s ladder (schema :data:`PLAN_SCHEMA`); see the module.
-
-    ``trace``: also write the planned pool's allocations as a memory-snapshot trace there
-    (``accel-alloc tune`` ranks settings on it). Raises the CaptureError capture would raise
-    (a refused op, a data-dependent size), with the op and its line; nothing of the runner
-    changes either way.
-    """
-    t0 = time.perf_counter()
+def _ladder_steps(rt: RunnerRuntime, planner: Any, lazy_state: list[int], tag: str = "",
+                  ) -> list[tuple[str, Callable[[], Any], Callable[[Any], Any] | None]]:
+    """The plan steps of ``rt``'s ladder, largest bucket first (as capture), labelled
+    ``tag + str(bucket)``; buckets whose state initialises itself lazily go into
+    ``lazy_state``."""
     opts = rt.options
-    engine, policy, recycle, report = plan_settings(rt.backend.name, opts.device, alloc_conf)
-    planner = memory_planner(opts.device, engine, policy, recycle=recycle,
-                             record_events=trace is not None)
     region: list[Any] = []  # share_outputs: the first bucket's outputs, written by later ones
     dims: list[Any] = []
-
-    lazy_state: list[int] = []
 
     def step_for(b: int) -> tuple[Callable[[], Any], Callable[[Any], Any]]:
         args, kwargs = pytree.tree_unflatten([s.view(b) for s in rt.inputs], rt.in_spec)
@@ -117,10 +108,27 @@ def plan_runner(rt: RunnerRuntime, *, trace: str | None = None, alloc_conf: str 
 
         return call, keep
 
-    steps = []
+    steps: list[tuple[str, Callable[[], Any], Callable[[Any], Any] | None]] = []
     for bucket in reversed(rt.buckets):  # largest first, as capture
         call, keep = step_for(bucket.size)
-        steps.append((str(bucket.size), call, keep))
+        steps.append((tag + str(bucket.size), call, keep))
+    return steps
+
+
+def _plan(rts: list[RunnerRuntime], trace: str | None, alloc_conf: str | None,
+          ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Plan the ladders of ``rts`` in order into one pool; the plan's common fields and the
+    per-step rows (labels ``"<runner index>:<bucket>"``)."""
+    t0 = time.perf_counter()
+    rt = rts[0]
+    opts = rt.options
+    engine, policy, recycle, report = plan_settings(rt.backend.name, opts.device, alloc_conf)
+    planner = memory_planner(opts.device, engine, policy, recycle=recycle,
+                             record_events=trace is not None)
+    lazy_state: list[int] = []
+    steps = []
+    for i, r in enumerate(rts):
+        steps += _ladder_steps(r, planner, lazy_state, f"{i}:")
     with torch.no_grad(), gc_paused():
         rows = plan_steps(planner, steps)
         stats = planner.pool_stats()
@@ -143,23 +151,65 @@ def plan_runner(rt: RunnerRuntime, *, trace: str | None = None, alloc_conf: str 
         "pool_reserved_bytes": stats["reserved"],
         "pool_peak_reserved_bytes": stats["peak_reserved"],
         "warmup_peak_bytes": warm,
-        "static_input_bytes": sum(s.static.numel() * s.static.element_size() for s in rt.inputs),
+        "static_input_bytes": sum(s.static.numel() * s.static.element_size()
+                                  for r in rts for s in r.inputs),
         "static_output_bytes": out_bytes,
         "unplanned": unplanned,
         "planning_seconds": 0.0,
-        "buckets": sorted(({
-            "bucket": int(r["label"]),
-            "incremental_bytes": r["incremental_bytes"],
-            "standalone_bytes": r["standalone_bytes"],
-            "pool_after_bytes": r["pool_after_bytes"],
-            "output_bytes": r["output_bytes"],
-            "status": "planned",
-        } for r in rows), key=lambda r: r["bucket"]),
     }
     if trace is not None:
-        planner.write_trace(trace, report, what=f"GraphRunner ladder {list(opts.ladder)}")
+        ladders = " + ".join(str(list(r.options.ladder)) for r in rts)
+        planner.write_trace(trace, report, what=f"GraphRunner ladder {ladders}")
         result["trace"] = str(trace)
     result["planning_seconds"] = time.perf_counter() - t0
+    return result, rows
+
+
+def _bucket_rows(rows: list[dict[str, Any]], index: int) -> list[dict[str, Any]]:
+    out = []
+    for r in rows:
+        i, _, size = r["label"].partition(":")
+        if int(i) == index:
+            out.append({"bucket": int(size), "incremental_bytes": r["incremental_bytes"],
+                        "standalone_bytes": r["standalone_bytes"],
+                        "pool_after_bytes": r["pool_after_bytes"],
+                        "output_bytes": r["output_bytes"], "status": "planned"})
+    return sorted(out, key=lambda r: r["bucket"])
+
+
+def plan_runner(rt: RunnerRuntime, *, trace: str | None = None, alloc_conf: str | None = None,
+                ) -> dict[str, Any]:
+    """The memory plan of ``rt``'s ladder (schema :data:`PLAN_SCHEMA`); see the module.
+
+    ``trace``: also write the planned pool's allocations as a memory-snapshot trace there
+    (``accel-alloc tune`` ranks settings on it). Raises the CaptureError capture would raise
+    (a refused op, a data-dependent size), with the op and its line; nothing of the runner
+    changes either way.
+    """
+    result, rows = _plan([rt], trace, alloc_conf)
+    result["buckets"] = _bucket_rows(rows, 0)
+    return result
+
+
+def plan_shared_pool(runners: Sequence[Any], *, trace: str | None = None,
+                     alloc_conf: str | None = None) -> dict[str, Any]:
+    """The memory plan of several runners that capture, in this order, into one shared pool
+    (an executor's token-bucket and decode graphs): the plan of :func:`plan_runner` for them
+    all, its pool figures the shared pool's, ``buckets`` the first runner's and ``runners``
+    one ``{"buckets": [...]}`` per runner. Each runner must be built with the same ``pool=``
+    and device (ConfigError otherwise, as the figures would not describe one pool)."""
+    rts = [r.runtime for r in runners]
+    if not rts:
+        raise ConfigError("plan_shared_pool needs at least one runner")
+    first = rts[0]
+    for rt in rts[1:]:
+        if rt.pool is not first.pool or rt.pool is None or rt.options.device != first.options.device:
+            raise ConfigError("plan_shared_pool plans runners built with one pool= handle on one "
+                              "device; plan runners with their own pools one by one "
+                              "(GraphRunner.plan_memory())")
+    result, rows = _plan(rts, trace, alloc_conf)
+    result["buckets"] = _bucket_rows(rows, 0)
+    result["runners"] = [{"buckets": _bucket_rows(rows, i)} for i in range(len(rts))]
     return result
 
 

@@ -26,9 +26,12 @@ from typing import Any
 import torch
 
 from ..errors import AccelGraphError, ConfigError
+from ..graphs.device_queries import graph_pool_handle
 from ..models.decoder import Decoder, DecoderConfig
 from ..models.slot_attention import SlotAttentionMeta
 from ..runner import GraphRunner
+from ..runner.memory_plan import plan_shared_pool
+from .decode_graphs import DecodeGraphs, is_decode_only
 from .step import StepBatch
 
 __all__ = ["EagerExecutor", "GraphExecutor", "greedy_step", "serving_config", "token_ladder"]
@@ -173,9 +176,11 @@ class EagerExecutor(_FlatExecutor):
 
 
 class GraphExecutor(_FlatExecutor):
-    """Runs each step from graphs captured per token bucket (a :class:`GraphRunner` over the
-    flat step, docs/runner.md "Token buckets"); the attention islands run eagerly with the
-    live lengths.
+    """Runs each step from captured graphs, vLLM's FULL_AND_PIECEWISE: a step with a prompt
+    chunk from the graphs captured per token bucket (a :class:`GraphRunner` over the flat
+    step, docs/runner.md "Token buckets"), its attention islands run eagerly with the live
+    lengths; a decode-only step from a whole-step graph with attention inside
+    (:mod:`~accel_graph.serving.decode_graphs`). All graphs share one pool.
 
     Args:
         model: a :class:`Decoder` (or one rank's :class:`TPDecoder`: pass ``process_group``
@@ -191,8 +196,15 @@ class GraphExecutor(_FlatExecutor):
             bucket are compared with eager).
         process_group: the tensor-parallel group (the runner agrees on buckets across ranks).
         capture: capture every bucket now (default), or leave it to :meth:`capture`.
+        decode_graphs: serve decode-only steps from whole-step graphs (default); False: every
+            step from the token-bucket graphs.
+        kv_buckets: the decode graphs' key extents (default
+            :func:`~accel_graph.serving.decode_graphs.kv_ladder`).
 
-    ``runner`` is the :class:`GraphRunner` (``runner.memory_report()``, ``stats()``). A step the
+    ``runner`` is the token-bucket :class:`GraphRunner` (``runner.memory_report()``,
+    ``stats()``: the pool is shared, so its pool figures count every graph); ``decode`` the
+    :class:`~accel_graph.serving.decode_graphs.DecodeGraphs` (None without); ``runners()``
+    all of them. A step the
     graphs cannot serve runs eagerly (the runner's fallback, logged once per reason); a replay
     that raises is served eagerly too (one process only: with a process group the error
     propagates, as the other ranks' collectives could not pair), logged once.
@@ -204,7 +216,8 @@ class GraphExecutor(_FlatExecutor):
                  buckets: list[int] | None = None, max_segments: int | None = None,
                  compile: str | None = "inductor", compile_options: dict[str, Any] | None = None,
                  verify: bool | int = True, process_group: Any = None,
-                 capture: bool = True) -> None:
+                 capture: bool = True, decode_graphs: bool = True,
+                 kv_buckets: list[int] | None = None) -> None:
         super().__init__(model, max_tokens, max_segments)
         ladder = token_ladder(max_tokens) if buckets is None else sorted(set(buckets))
         if not ladder or ladder[-1] != max_tokens:
@@ -228,10 +241,15 @@ class GraphExecutor(_FlatExecutor):
 
         self._sample_rows = sample_rows
         example = (meta.tok_id[:1], meta.tok_pos[:1], sample_rows)
+        # One pool for every graph (flat and decode): they never run at once, so they share.
+        self.pool = graph_pool_handle(meta.buffer.device)
+        options = {"compile": compile, "compile_options": compile_options, "verify": verify,
+                   "process_group": process_group, "pool": self.pool}
         self.runner = GraphRunner(
             flat_step, example, buckets=ladder, batch_dim=(0, 0, None), output_batch_dim=None,
-            compile=compile, compile_options=compile_options, verify=verify,
-            process_group=process_group, progress=False)
+            progress=False, **options)
+        self.decode: DecodeGraphs | None = (
+            DecodeGraphs(model, kv_buckets, options) if decode_graphs else None)
         self.captured = False
         if capture:
             self.capture()
@@ -252,15 +270,51 @@ class GraphExecutor(_FlatExecutor):
             raise AccelGraphError("this executor's graphs are already captured")
         self.meta.clear()
         self.runner.capture()
+        if self.decode is not None:
+            self.decode.capture()
         self.captured = True
         return self
 
+    def plan_memory(self, trace: str | None = None) -> dict[str, Any]:
+        """The memory plan of every graph of this executor in its one shared pool, before
+        capture (:func:`~accel_graph.runner.memory_plan.plan_shared_pool`: schema
+        ``accel_graph.runner.memory-plan/1``, plus ``runners``); captures nothing."""
+        return plan_shared_pool(self.runners(), trace=trace)
+
+    def runners(self) -> list[GraphRunner]:
+        """Every runner of this executor in capture order: the token-bucket one, then the
+        decode graphs' (widest key extent first)."""
+        decode = self.decode
+        return [self.runner] + ([] if decode is None else
+                                [decode.runners[k] for k in reversed(decode.kv_buckets)])
+
     def run(self, batch: StepBatch) -> list[int]:
         """Run one step; the greedy next token of each sampled segment, in segment order."""
+        decode = self.decode
+        if decode is not None and isinstance(batch, StepBatch) and batch.segments \
+                and is_decode_only(batch.segments):
+            try:
+                out = decode.run(batch.segments)
+            except AccelGraphError as exc:
+                if self.process_group is not None:
+                    raise
+                self._note_fallback(f"decode graph step failed ({type(exc).__name__}: {exc})")
+                out = self._run_flat(batch, eager=True)
+            self.steps += 1
+            self.tokens_run += len(batch.segments)
+            return out
+        return self._run_flat(batch)
+
+    def _run_flat(self, batch: StepBatch, eager: bool = False) -> list[int]:
         self._fill(batch)
         meta = self.meta
         n = meta.num_tokens
         tokens, positions = meta.tok_id[:n], meta.tok_pos[:n]
+        if eager:
+            with torch.inference_mode():
+                out = self._tokens(greedy_step(self.model, meta, tokens, positions,
+                                               self._sample_rows))
+            return out
         try:
             chosen = self.runner(tokens, positions, self._sample_rows)
         except AccelGraphError as exc:
@@ -289,10 +343,22 @@ class GraphExecutor(_FlatExecutor):
         use = {str(b["bucket"]): b["replays"] for b in stats["buckets"]}
         fallbacks = list(stats["eager_fallbacks"]) + [
             {"reason": r, "count": c} for r, c in self._fallback_reasons.items()]
+        eager_calls = stats["eager_calls"]
+        capture_s, compile_s = stats["capture_seconds"] or 0.0, stats["compile_seconds"] or 0.0
+        decode = self.decode
+        if decode is not None:
+            use.update(decode.bucket_use())
+            dst = decode.stats()
+            fallbacks += dst["eager_fallbacks"]
+            eager_calls += dst["eager_calls"]
+            capture_s += dst["capture_seconds"]
+            compile_s += dst["compile_seconds"]
         return {**self._base_facts(), "buckets": list(self.runner.buckets), "bucket_use": use,
                 "captured_buckets": self.runner.captured_buckets,
+                "decode_graphs": None if decode is None else {
+                    "kv_buckets": decode.kv_buckets,
+                    "row_buckets": list(decode.runners[decode.kv_buckets[0]].buckets)},
                 "compile": self.compile_mode, "eager_fallbacks": fallbacks,
-                "eager_steps": stats["eager_calls"] + sum(self._fallback_reasons.values()),
+                "eager_steps": eager_calls + sum(self._fallback_reasons.values()),
                 "pool_bytes": mem["pool_reserved_bytes"],
-                "capture_seconds": stats["capture_seconds"],
-                "compile_seconds": stats["compile_seconds"]}
+                "capture_seconds": capture_s, "compile_seconds": compile_s}

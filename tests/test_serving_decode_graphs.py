@@ -1,0 +1,168 @@
+"""Whole-step graphs for decode-only steps (issue 27, FULL_AND_PIECEWISE): rows are slots,
+rows without a token change nothing, the key extent follows the longest sequence, bad steps
+are refused before anything runs, and a failed replay is served eagerly."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from accel_graph.errors import ConfigError, ReplayError
+from accel_graph.models import Decoder, DecoderConfig
+from accel_graph.serving.decode_graphs import is_decode_only, kv_ladder, slot_ladder
+from accel_graph.serving.executors import EagerExecutor, GraphExecutor
+from accel_graph.serving.step import Segment, StepBatch
+
+CFG = DecoderConfig(dim=32, n_heads=2, mlp_hidden=64, max_seq=48, max_batch=4, vocab_size=97)
+
+
+def filled(seed: int = 0) -> Decoder:
+    """A decoder whose cache holds finite history in every slot (as after earlier steps)."""
+    model = Decoder(CFG)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for layer in model.layers:
+            layer.k_cache.normal_(generator=g)
+            layer.v_cache.normal_(generator=g)
+    return model
+
+
+def caches(model: Decoder) -> list[torch.Tensor]:
+    return [t.clone() for layer in model.layers for t in (layer.k_cache, layer.v_cache)]
+
+
+def test_ladders() -> None:
+    assert kv_ladder(256) == [64, 128, 256] and kv_ladder(48) == [24, 48] and kv_ladder(20) == [20]
+    assert slot_ladder(16) == [4, 8, 16] and slot_ladder(4) == [4] and slot_ladder(2) == [2]
+    assert slot_ladder(20) == [4, 8, 16, 20]
+    assert is_decode_only([Segment(0, 3, (1,), True), Segment(1, 0, (2,), False)])
+    assert not is_decode_only([Segment(0, 3, (1, 2), True)])
+
+
+def test_slot_decode_step_rows_not_live_change_nothing() -> None:
+    model = filled()
+    before = caches(model)
+    tokens = torch.tensor([5, 6, 7, 8])
+    positions = torch.tensor([10, 0, 30, 0])
+    live = torch.tensor([True, False, True, False])
+    with torch.inference_mode():
+        short = model.slot_decode_step(tokens, positions, live, 32)
+    for new, old in zip(caches(model), before):
+        changed = (new != old).any(dim=(1, 3))  # [slot, position]
+        expect = torch.zeros_like(changed)
+        expect[0, 10] = expect[2, 30] = True
+        assert torch.equal(changed, expect)
+    # The whole cache as keys gives the same live rows (the extra keys are masked out).
+    model2 = filled()
+    with torch.inference_mode():
+        full = model2.slot_decode_step(tokens, positions, live, CFG.max_seq)
+    torch.testing.assert_close(short[live], full[live])
+    # All rows live and the whole cache: exactly decode_step (the same code).
+    model3, model4 = filled(), filled()
+    everyone = torch.ones(4, dtype=torch.bool)
+    with torch.inference_mode():
+        a = model3.slot_decode_step(tokens, positions, everyone, CFG.max_seq)
+        b = model4.decode_step(tokens, positions)
+    assert torch.equal(a, b)
+
+
+def test_slot_decode_step_input_errors() -> None:
+    model = Decoder(CFG)
+    t = torch.zeros(2, dtype=torch.int64)
+    with pytest.raises(ValueError, match="live as bool"):
+        model.slot_decode_step(t, t, t, 8)
+    with pytest.raises(ValueError, match="kv_len"):
+        model.slot_decode_step(t, t, torch.ones(2, dtype=torch.bool), 49)
+
+
+@pytest.mark.parametrize("compile_mode", [None, "inductor"])
+def test_decode_steps_with_gaps_equal_eager(compile_mode: str | None) -> None:
+    """Slots 0 and 2 decode (slot 1 idle, slot 3 empty): the graph gives eager's tokens, writes
+    only the two live (slot, position) pairs, and picks the short key extent while it can."""
+    graph_model, eager_model = filled(), filled()
+    options = {"replay": "compiled"} if compile_mode else None
+    graph = GraphExecutor(graph_model, max_tokens=8, buckets=[8], compile=compile_mode,
+                          compile_options=options)
+    eager = EagerExecutor(eager_model, max_tokens=8)
+    before = caches(graph_model)
+    for step, (p0, p2) in enumerate([(5, 20), (6, 21), (23, 40)]):
+        batch = StepBatch((Segment(2, p2, (11 + step,), True), Segment(0, p0, (3,), True)))
+        assert graph.run(batch) == eager.run(batch)
+    use = graph.describe()["bucket_use"]
+    assert use["decode 4x24"] == 2 and use["decode 4x48"] == 1 and use["8"] == 0
+    for new, old in zip(caches(graph_model), before):
+        changed = (new != old).any(dim=(1, 3))
+        expect = torch.zeros_like(changed)
+        expect[0, [5, 6, 23]] = True
+        expect[2, [20, 21, 40]] = True
+        assert torch.equal(changed, expect)
+    assert graph.describe()["eager_steps"] == 0
+
+
+def test_bad_decode_steps_are_refused_before_running() -> None:
+    model = filled()
+    graph = GraphExecutor(model, max_tokens=8, buckets=[8], compile=None)
+    before = caches(model)
+    bad = [
+        (StepBatch((Segment(4, 0, (1,), True),)), "slot 4 is outside"),
+        (StepBatch((Segment(0, 48, (1,), True),)), "max_seq=48"),
+        (StepBatch((Segment(1, 0, (1,), True), Segment(1, 2, (2,), True))), "share slot 1"),
+    ]
+    for batch, words in bad:
+        with pytest.raises(ValueError, match=words):
+            graph.run(batch)
+    assert graph.steps == 0
+    assert all(torch.equal(a, b) for a, b in zip(caches(model), before))
+
+
+def test_settings_errors() -> None:
+    with pytest.raises(ConfigError, match="must be ints in 1..max_seq that end at max_seq=48"):
+        GraphExecutor(Decoder(CFG), max_tokens=8, buckets=[8], kv_buckets=[16, 32], capture=False)
+
+
+def test_failed_decode_replay_serves_the_step_eagerly(caplog: pytest.LogCaptureFixture) -> None:
+    """A decode replay that raises (a fake failure injected into the runner call: plumbing
+    only) is served eagerly through the flat path, logged once; the tokens are eager's."""
+    graph_model, eager_model = filled(), filled()
+    graph = GraphExecutor(graph_model, max_tokens=8, buckets=[8], compile=None)
+    eager = EagerExecutor(eager_model, max_tokens=8)
+    assert graph.decode is not None
+    real = graph.decode.runners[24]
+
+    class FakeFailingRunner:
+        def __call__(self, *args: torch.Tensor) -> torch.Tensor:
+            raise ReplayError("injected decode failure")
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(real, name)
+
+    graph.decode.runners[24] = FakeFailingRunner()  # type: ignore[assignment]
+    with caplog.at_level(logging.WARNING, logger="accel_graph"):
+        for pos in (3, 4, 5):
+            batch = StepBatch((Segment(1, pos, (7,), True),))
+            assert graph.run(batch) == eager.run(batch)
+    assert sum("injected decode failure" in r.getMessage() for r in caplog.records) == 1
+    assert graph.describe()["eager_steps"] == 3
+    assert all(torch.equal(a, b) for a, b in zip(caches(graph_model), caches(eager_model)))
+
+
+def test_plan_of_every_graph_in_one_pool_equals_capture() -> None:
+    """The executor plans its token-bucket and decode graphs into its one pool before capture;
+    the capture then measures the same pool (recorder)."""
+    from accel_graph.runner import GraphRunner
+    from accel_graph.runner.memory_plan import plan_shared_pool
+
+    ex = GraphExecutor(Decoder(CFG), max_tokens=8, buckets=[4, 8], compile=None, capture=False)
+    plan = ex.plan_memory()
+    assert [len(r["buckets"]) for r in plan["runners"]] == [2, 1, 1]  # flat, kv 48, kv 24
+    assert plan["buckets"] == plan["runners"][0]["buckets"]
+    assert ex.runner.memory_report()["buckets"][0]["status"] != "captured"
+    ex.capture()
+    rep = ex.runner.memory_report()
+    assert (plan["pool_reserved_bytes"], plan["pool_peak_reserved_bytes"]) == \
+        (rep["pool_reserved_bytes"], rep["pool_peak_reserved_bytes"])
+    lone = GraphRunner(lambda x: x * 2, (torch.ones(2),), buckets=[2], capture="eager")
+    with pytest.raises(ConfigError, match="one pool= handle"):
+        plan_shared_pool([ex.runner, lone])
