@@ -11,7 +11,7 @@ import torch
 
 from accel_graph.errors import ConfigError
 from accel_graph.models import Decoder, DecoderConfig, greedy_generate
-from accel_graph.serving.executors import EagerExecutor, GraphExecutor, token_ladder
+from accel_graph.serving.executors import GRAPH_MODES, EagerExecutor, GraphExecutor, token_ladder
 from accel_graph.serving.step import Segment, StepBatch, StepExecutor
 
 CFG = DecoderConfig(dim=32, n_heads=2, mlp_hidden=64, max_seq=48, max_batch=4, vocab_size=97)
@@ -71,27 +71,35 @@ def test_eager_mixed_steps_equal_each_request_alone(ref: dict[int, list[int]], o
     assert max(sizes) > 4 and min(sizes) < 4  # both prefill-heavy and decode-only steps ran
 
 
-@pytest.mark.parametrize(("compile_mode", "decode_graphs"),
-                         [(None, True), (None, False), ("inductor", True)])
+@pytest.mark.parametrize(("compile_mode", "graphs"),
+                         [(None, "piecewise"), (None, "full_and_piecewise"), (None, "full"),
+                          ("inductor", "piecewise"), ("inductor", "full")])
 def test_graph_mixed_steps_equal_each_request_alone(ref: dict[int, list[int]],
                                                     compile_mode: str | None,
-                                                    decode_graphs: bool) -> None:
+                                                    graphs: str) -> None:
     options = {"replay": "compiled"} if compile_mode else None
     ex = GraphExecutor(Decoder(CFG), max_tokens=16, buckets=[4, 16], compile=compile_mode,
-                       compile_options=options, decode_graphs=decode_graphs)
+                       compile_options=options, graphs=graphs)
     gen, _ = serve(ex)
     assert gen == ref
     facts = ex.describe()
-    assert facts["kind"] == "graph" and facts["buckets"] == [4, 16]
+    assert facts["kind"] == "graph" and facts["buckets"] == [4, 16] and facts["graphs"] == graphs
     assert facts["eager_steps"] == 0 and facts["eager_fallbacks"] == []
-    assert sum(facts["bucket_use"].values()) == facts["steps"]
-    decode_use = sum(n for b, n in facts["bucket_use"].items() if b.startswith("decode"))
-    if decode_graphs:  # decode-only steps ran whole-step graphs, mixed ones token buckets
-        assert decode_use > 0 and facts["bucket_use"]["16"] > 0
-        assert facts["decode_graphs"] == {"kv_buckets": [24, 48], "row_buckets": [4]}
-    else:
-        assert decode_use == 0 and facts["decode_graphs"] is None
-        assert facts["bucket_use"]["4"] > 0 and facts["bucket_use"]["16"] > 0
+    use = facts["bucket_use"]
+    flat = use["4"] + use["16"]
+    decode = sum(n for b, n in use.items() if b.startswith("decode"))
+    chunk = sum(n for b, n in use.items() if b.startswith("chunk"))
+    if graphs == "piecewise":
+        assert use["4"] > 0 and use["16"] > 0 and decode == chunk == 0
+        assert flat == facts["steps"] and facts["whole_step_graphs"] is None
+    elif graphs == "full_and_piecewise":  # decode-only steps whole, mixed ones token buckets
+        assert decode > 0 and use["16"] > 0 and chunk == 0
+        assert flat + decode == facts["steps"]
+        assert facts["whole_step_graphs"] == {"decode": {"kv_buckets": [24, 48], "buckets": [4]}}
+    else:  # every step in parts: a decode graph for its one-token segments, one per chunk
+        assert flat == 0 and decode > 0 and chunk >= facts["steps"] - decode
+        assert facts["whole_step_graphs"]["chunk"] == {"kv_buckets": [24, 48], "buckets": [16]}
+        assert ex.runners()[0] is not ex.runner and not ex.runner.captured_buckets
     assert facts["pool_bytes"] and facts["compile"] == compile_mode
 
 
@@ -100,7 +108,7 @@ def test_graph_and_eager_share_a_model_and_cache() -> None:
     graph path runs the same code), and padded tokens write nowhere."""
     model = Decoder(CFG)
     eager = EagerExecutor(model, max_tokens=16)
-    graph = GraphExecutor(model, max_tokens=16, buckets=[16], compile=None)
+    graph = GraphExecutor(model, max_tokens=16, buckets=[16], compile=None, graphs="piecewise")
     before = [t.clone() for layer in model.layers for t in (layer.k_cache, layer.v_cache)]
     batch = StepBatch((Segment(2, 0, (3, 4, 5), True), Segment(0, 0, (9,), True)))
     a = graph.run(batch)  # 4 live tokens padded to 16
@@ -117,9 +125,10 @@ def test_graph_and_eager_share_a_model_and_cache() -> None:
         assert torch.equal(changed, expect)  # only the live tokens' (slot, position)
 
 
-def test_capture_touches_no_cache() -> None:
+@pytest.mark.parametrize("graphs", GRAPH_MODES)
+def test_capture_touches_no_cache(graphs: str) -> None:
     model = Decoder(CFG)
-    GraphExecutor(model, max_tokens=8, buckets=[8], compile=None)
+    GraphExecutor(model, max_tokens=8, buckets=[8], compile=None, graphs=graphs)
     for layer in model.layers:
         assert torch.count_nonzero(layer.k_cache) == 0 and torch.count_nonzero(layer.v_cache) == 0
 
@@ -165,7 +174,7 @@ def test_from_config_sizes_slots() -> None:
     # Same weights whatever the slot count.
     assert torch.equal(ex.model.lm_head, Decoder(CFG).lm_head)
     g = GraphExecutor.from_config(CFG, num_slots=2, max_tokens=8, buckets=[8], compile=None)
-    assert g.runner.memory_report()["pool_reserved_bytes"] > 0
+    assert g.memory_report()["pool_reserved_bytes"] > 0
 
 
 def test_failed_replay_serves_the_step_eagerly(ref: dict[int, list[int]],
@@ -174,7 +183,7 @@ def test_failed_replay_serves_the_step_eagerly(ref: dict[int, list[int]],
     is served eagerly, logged once, and loses no request."""
     from accel_graph.errors import ReplayError
 
-    ex = GraphExecutor(Decoder(CFG), max_tokens=16, buckets=[16], compile=None)
+    ex = GraphExecutor(Decoder(CFG), max_tokens=16, buckets=[16], compile=None, graphs="piecewise")
     real = ex.runner
     calls = {"n": 0}
 
@@ -206,6 +215,8 @@ def test_moe_decoder_flat_steps_equal_each_request_alone() -> None:
     ref = {s: greedy_generate(model, torch.tensor([p]), NEW)[0, len(p):].tolist()
            for s, p in PROMPTS.items()}
     assert serve(EagerExecutor(Decoder(moe), max_tokens=16))[0] == ref
-    graph = GraphExecutor(Decoder(moe), max_tokens=16, buckets=[16], compile=None)
-    assert serve(graph)[0] == ref
-    assert graph.describe()["eager_steps"] == 0
+    for graphs in ("piecewise", "full"):
+        graph = GraphExecutor(Decoder(moe), max_tokens=16, buckets=[16], compile=None,
+                              graphs=graphs)
+        assert serve(graph)[0] == ref
+        assert graph.describe()["eager_steps"] == 0

@@ -126,10 +126,12 @@ def _ms(v: Any) -> str:
 
 
 def _bucket_order(key: str) -> tuple[int, ...]:
-    """Token buckets ("64") by size, then decode graphs ("decode 16x128") by rows and keys."""
-    if key.startswith("decode "):
-        rows, kv = key[len("decode "):].split("x")
-        return (1, int(rows), int(kv))
+    """Token buckets ("64") by size, then whole-step graphs ("chunk 64x128", "decode 16x128")
+    by family, bucket and key extent."""
+    family, _, size = key.rpartition(" ")
+    if family:
+        bucket, kv = size.split("x")
+        return (1 if family == "chunk" else 2, int(bucket), int(kv))
     return (0, int(key))
 
 
@@ -143,7 +145,7 @@ def format_report(report: dict[str, Any]) -> str:
                           "TPOT p99 ms", "steps"], rows)
     kv = report["kv_cache"]
     use = ", ".join(f"{b}: {n}" for b, n in sorted(report["bucket_use"].items(),
-                                                   key=lambda kv_: _bucket_order(kv_[0])))
+                                                   key=lambda kv_: _bucket_order(kv_[0])) if n)
     ratio = report["tpot_p50_ratio"]
     lines = [
         f"serve-bench: {report['requests']} requests at {o['rate']}/s, prompts "
@@ -155,7 +157,8 @@ def format_report(report: dict[str, Any]) -> str:
         f"speedup (graph/eager tokens/s): {report['speedup']:.2f}x; TPOT p50 graph/eager: "
         + ("-" if ratio is None else f"{ratio:.2f}x")
         + f"; tokens_equal: {str(report['tokens_equal']).lower()}",
-        f"graph steps per bucket (timed rounds): {use or '-'}; eager fallback steps: "
+        f"graph replays per bucket (timed rounds; unused ones left out): {use or '-'}; "
+        f"eager fallback steps: "
         f"{report['graph']['fallback_steps']}",
         f"KV cache: {kv['slots']} slots x {kv['bytes_per_slot']} B = {kv['kv_bytes']} B; graph "
         f"pool {kv['pool_bytes']} B ({kv['source']}); capture {report['capture_s']:.1f} s",

@@ -146,32 +146,73 @@ def block_forward(layer: nn.Module, x: Tensor, cos: Tensor, sin: Tensor, rows: T
     output is computed and must not be read).
     """
     b = x.shape[0]
+    q, k, v = _qkv(layer, x, cos, sin)
+    k_cache, v_cache = layer.k_cache[:b], layer.v_cache[:b]
+    _write_kv(k_cache, v_cache, k, v, rows, positions, live)
+    attn = F.linear(_attend(layer, q.unsqueeze(2), k_cache, v_cache, masked).reshape(b, -1),
+                    layer.wo)
+    x = x + (attn if reduce is None else reduce(attn))
+    return _mlp_forward(layer, x, reduce)
+
+
+def chunk_block_forward(layer: nn.Module, x: Tensor, cos: Tensor, sin: Tensor, slot: Tensor,
+                        positions: Tensor, masked: Tensor, live: Tensor,
+                        reduce: Callable[[Tensor], Tensor] | None = None) -> Tensor:
+    """One decoder block over ``x [C, dim]``, the tokens of one prompt chunk of the request in
+    cache row ``slot`` (int64 ``[1]``), at ``positions``: each live token writes its key and
+    value, then attends over the row's keys ``0..K-1`` (``K = masked.shape[-1]``, ``masked``
+    ``[1, 1, C, K]``); rows that are not live write back (``block_forward``). Static shapes
+    throughout, so a chunk is captured whole (:meth:`Decoder.slot_chunk_step`)."""
+    c = x.shape[0]
+    q, k, v = _qkv(layer, x, cos, sin)
+    _write_kv(layer.k_cache, layer.v_cache, k, v, slot.expand(c), positions, live)
+    kv = masked.shape[-1]
+    # Keys 0..K-1 of the one row: a small copy ([1, H, K, D]), the chunk's queries on it.
+    k_row = layer.k_cache[:, :, :kv].index_select(0, slot)
+    v_row = layer.v_cache[:, :, :kv].index_select(0, slot)
+    out = _attend(layer, q.transpose(0, 1).unsqueeze(0), k_row, v_row, masked)  # [1, H, C, D]
+    attn = F.linear(out[0].transpose(0, 1).reshape(c, -1), layer.wo)
+    x = x + (attn if reduce is None else reduce(attn))
+    return _mlp_forward(layer, x, reduce)
+
+
+def _qkv(layer: nn.Module, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Queries, keys (both rotated) and values ``[T, heads, head_dim]`` of ``x [T, dim]``."""
+    t = x.shape[0]
     q, k, v = (
         F.linear(rms_norm(x, layer.attn_norm, layer.eps), layer.wqkv)
-        .view(b, 3, layer.n_heads, layer.head_dim)
+        .view(t, 3, layer.n_heads, layer.head_dim)
         .unbind(1)
     )
-    q, k = rotate(q, cos, sin), rotate(k, cos, sin)
-    k_cache, v_cache = layer.k_cache[:b], layer.v_cache[:b]
+    return rotate(q, cos, sin), rotate(k, cos, sin), v
+
+
+def _write_kv(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, rows: Tensor,
+              positions: Tensor, live: Tensor | None) -> None:
+    """``k``/``v [T, H, D]`` into the caches at ``(rows[t], :, positions[t])``; with ``live``,
+    rows that are not live write back what the cache holds there."""
     if live is not None:
         # Not a live row: write back the old value (a gather, then the same scatter), so the
         # write keeps one static shape and touches nothing (as padded rows must).
-        keep = live.view(b, 1, 1)
+        keep = live.view(-1, 1, 1)
         k = torch.where(keep, k, k_cache[rows, :, positions])
         v = torch.where(keep, v, v_cache[rows, :, positions])
     # In-place write of this step's key/value at (row, :, position[row]); the indices are
     # int64 tensors, so the write is a static-shape index_put_ (legal under capture).
     k_cache[rows, :, positions] = k
     v_cache[rows, :, positions] = v
+
+
+def _attend(layer: nn.Module, q: Tensor, k_cache: Tensor, v_cache: Tensor, masked: Tensor) -> Tensor:
+    """``softmax(q k^T * scale, masked hidden) v`` for ``q [N, H, L, D]`` over keys
+    ``0..K-1`` of ``k_cache``/``v_cache [N, H, >=K, D]`` (``K = masked.shape[-1]``)."""
     kv = masked.shape[-1]
     if kv != k_cache.shape[2]:  # keys 0..kv-1 only: a view, read in place
         k_cache, v_cache = k_cache[:, :, :kv], v_cache[:, :, :kv]
-    scores = torch.matmul(q.unsqueeze(2), k_cache.transpose(-1, -2)) * layer.scale
+    scores = torch.matmul(q, k_cache.transpose(-1, -2)) * layer.scale
     # In place on the fresh scores: the functional masked_fill would clone them first.
     probs = torch.softmax(scores.masked_fill_(masked, float("-inf")), dim=-1)
-    attn = F.linear(torch.matmul(probs, v_cache).reshape(b, -1), layer.wo)
-    x = x + (attn if reduce is None else reduce(attn))
-    return _mlp_forward(layer, x, reduce)
+    return torch.matmul(probs, v_cache)
 
 
 def _mlp_forward(layer: nn.Module, x: Tensor, reduce: Callable[[Tensor], Tensor] | None) -> Tensor:
@@ -271,6 +312,39 @@ class Decoder(nn.Module):
         if isinstance(kv_len, bool) or not isinstance(kv_len, int) or not 1 <= kv_len <= self.config.max_seq:
             raise ValueError(f"kv_len must be an int in 1..max_seq={self.config.max_seq}, got {kv_len!r}")
         return self._decode(tokens, positions, live, kv_len)
+
+    def slot_chunk_step(self, tokens: Tensor, positions: Tensor, slot: Tensor, live: Tensor,
+                        sample_rows: Tensor, kv_len: int) -> Tensor:
+        """One prompt chunk of the request in KV-cache row ``slot`` (int64 ``[1]``), as one
+        static-shape step: returns the logits of the rows ``sample_rows`` (``[S, vocab]``).
+
+        ``tokens``, ``positions`` int64 ``[C]`` and ``live`` bool ``[C]``: a live token writes
+        its key and value at ``(slot, positions[i])``, then attends over the slot's keys
+        ``0..positions[i]`` (the chunk's own included); a row that is not live (a bucket's
+        padding) writes back what the slot holds at its position, so give it a position no
+        live token of the chunk has. ``kv_len`` (a Python int): keys ``0..kv_len-1`` are read,
+        so every position must be below it. The whole-graph counterpart of a prompt chunk in
+        :meth:`flat_forward` (docs/serving.md); shapes and dtypes are checked, values are not.
+        """
+        c = tokens.shape[0]
+        if tokens.dim() != 1 or positions.shape != tokens.shape or live.shape != tokens.shape \
+                or live.dtype != torch.bool or slot.shape != (1,) or sample_rows.dim() != 1:
+            raise ValueError(
+                f"slot_chunk_step wants tokens, positions [C], live bool [C], slot [1] and "
+                f"sample_rows [S], got {tuple(tokens.shape)}, {tuple(positions.shape)}, "
+                f"{live.dtype} {tuple(live.shape)}, {tuple(slot.shape)}, {tuple(sample_rows.shape)}")
+        if isinstance(kv_len, bool) or not isinstance(kv_len, int) or not 1 <= kv_len <= self.config.max_seq:
+            raise ValueError(f"kv_len must be an int in 1..max_seq={self.config.max_seq}, got {kv_len!r}")
+        x = self.tok_emb.index_select(0, tokens)
+        cos = self.rope_cos.index_select(0, positions).unsqueeze(1)
+        sin = self.rope_sin.index_select(0, positions).unsqueeze(1)
+        keys = self.key_positions if kv_len == self.config.max_seq else self.key_positions[:kv_len]
+        masked = (keys.unsqueeze(0) > positions.unsqueeze(1)).view(1, 1, c, kv_len)
+        for layer in self.layers:
+            x = chunk_block_forward(layer, x, cos, sin, slot, positions, masked, live,
+                                    getattr(layer, "reduce", None))
+        h = x.index_select(0, sample_rows)
+        return F.linear(rms_norm(h, self.final_norm, self.eps), self.lm_head)
 
     def _check_decode_inputs(self, name: str, tokens: Tensor, positions: Tensor) -> None:
         if tokens.dim() != 1 or positions.shape != tokens.shape:

@@ -72,7 +72,7 @@ def prepare(opts: ServeBenchOptions) -> tuple[Any, Any, dict[str, Any], float]:
         kv = sizing.as_dict()
     else:
         graph = build(opts.slots, True)
-        rep = graph.runner.memory_report()
+        rep = graph.memory_report()
         per_slot = kv_bytes_per_slot(graph)
         kv = {"slots": graph.num_slots, "bytes_per_slot": per_slot,
               "kv_bytes": per_slot * graph.num_slots, "weights_bytes": weight_bytes(graph),

@@ -3,7 +3,7 @@
 The server recipe of docs/runner.md: ``slots = (budget - weights - graph pool - warm-up peak)
 // bytes per slot``. The token-bucket graphs do not depend on the number of slots (they see
 ``[tokens, ...]`` tensors; attention over the slot cache is an eager island outside the pool);
-the decode graphs (:mod:`.decode_graphs`) have one row per slot, so their activations grow with
+the decode graphs (:mod:`.full_graphs`) have one row per slot, so their activations grow with
 the slots, a little. So a probe executor with few slots tells the pool, and the final executor
 is built with the slots the budget affords, then checked:
 
@@ -93,7 +93,7 @@ def _pool(executor: StepExecutor) -> tuple[int, int, str]:
     if not getattr(executor, "captured", True):
         executor.capture()
     # The runners share the executor's pool: the first one's report counts all of it.
-    rep = runners[0].memory_report()
+    rep = (getattr(executor, "memory_report", None) or runners[0].memory_report)()
     return int(rep["pool_peak_reserved_bytes"] or 0), 0, "measured"
 
 

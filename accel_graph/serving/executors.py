@@ -31,10 +31,10 @@ from ..models.decoder import Decoder, DecoderConfig
 from ..models.slot_attention import SlotAttentionMeta
 from ..runner import GraphRunner
 from ..runner.memory_plan import plan_shared_pool
-from .decode_graphs import DecodeGraphs, is_decode_only
+from .full_graphs import ChunkGraphs, DecodeGraphs, is_decode_only
 from .step import StepBatch
 
-__all__ = ["EagerExecutor", "GraphExecutor", "greedy_step", "serving_config", "token_ladder"]
+__all__ = ["GRAPH_MODES", "EagerExecutor", "GraphExecutor", "greedy_step", "serving_config", "token_ladder"]
 
 log = logging.getLogger("accel_graph")
 
@@ -175,12 +175,25 @@ class EagerExecutor(_FlatExecutor):
                 "eager_fallbacks": [], "pool_bytes": None}
 
 
+#: The graph modes of :class:`GraphExecutor` (vLLM's names where they mean the same).
+GRAPH_MODES = ("piecewise", "full_and_piecewise", "full")
+
+
 class GraphExecutor(_FlatExecutor):
-    """Runs each step from captured graphs, vLLM's FULL_AND_PIECEWISE: a step with a prompt
-    chunk from the graphs captured per token bucket (a :class:`GraphRunner` over the flat
-    step, docs/runner.md "Token buckets"), its attention islands run eagerly with the live
-    lengths; a decode-only step from a whole-step graph with attention inside
-    (:mod:`~accel_graph.serving.decode_graphs`). All graphs share one pool.
+    """Runs each step from captured graphs, in one of three modes (``graphs=``, docs/serving.md
+    "Graph modes"; all graphs share one pool):
+
+    - ``"piecewise"``: every step from the graphs captured per token bucket (a
+      :class:`GraphRunner` over the flat step, docs/runner.md "Token buckets"), its attention
+      islands run eagerly with the live lengths;
+    - ``"full_and_piecewise"`` (vLLM's default): decode-only steps from whole-step graphs with
+      attention inside (:class:`~accel_graph.serving.full_graphs.DecodeGraphs`), the rest
+      piecewise;
+    - ``"full"`` (the default): every step from whole-step graphs, part by part: its one-token
+      segments in one decode graph, each prompt chunk in a chunk graph
+      (:class:`~accel_graph.serving.full_graphs.ChunkGraphs`); the token-bucket graphs are not
+      captured. A chunk no chunk graph can pad (it fills its row to ``max_seq`` from position 0)
+      is served eagerly.
 
     Args:
         model: a :class:`Decoder` (or one rank's :class:`TPDecoder`: pass ``process_group``
@@ -196,18 +209,18 @@ class GraphExecutor(_FlatExecutor):
             bucket are compared with eager).
         process_group: the tensor-parallel group (the runner agrees on buckets across ranks).
         capture: capture every bucket now (default), or leave it to :meth:`capture`.
-        decode_graphs: serve decode-only steps from whole-step graphs (default); False: every
-            step from the token-bucket graphs.
-        kv_buckets: the decode graphs' key extents (default
-            :func:`~accel_graph.serving.decode_graphs.kv_ladder`).
+        graphs: the mode (above).
+        kv_buckets: the whole-step graphs' key extents (default
+            :func:`~accel_graph.serving.full_graphs.kv_ladder`).
+        chunk_buckets: the chunk graphs' token buckets (default
+            :func:`~accel_graph.serving.full_graphs.chunk_ladder`).
 
-    ``runner`` is the token-bucket :class:`GraphRunner` (``runner.memory_report()``,
-    ``stats()``: the pool is shared, so its pool figures count every graph); ``decode`` the
-    :class:`~accel_graph.serving.decode_graphs.DecodeGraphs` (None without); ``runners()``
-    all of them. A step the
-    graphs cannot serve runs eagerly (the runner's fallback, logged once per reason); a replay
-    that raises is served eagerly too (one process only: with a process group the error
-    propagates, as the other ranks' collectives could not pair), logged once.
+    ``runner`` is the token-bucket :class:`GraphRunner` (``runner.memory_report()``: the pool
+    is shared, so its pool figures count every graph); ``decode`` and ``chunk`` the
+    whole-step graph families (None where the mode has none); :meth:`runners` those captured.
+    A step the graphs cannot serve runs eagerly (the runner's fallback, logged once per
+    reason); a replay that raises is served eagerly too (one process only: with a process
+    group the error propagates, as the other ranks' collectives could not pair), logged once.
     """
 
     kind = "graph"
@@ -216,9 +229,13 @@ class GraphExecutor(_FlatExecutor):
                  buckets: list[int] | None = None, max_segments: int | None = None,
                  compile: str | None = "inductor", compile_options: dict[str, Any] | None = None,
                  verify: bool | int = True, process_group: Any = None,
-                 capture: bool = True, decode_graphs: bool = True,
-                 kv_buckets: list[int] | None = None) -> None:
+                 capture: bool = True, graphs: str = "full",
+                 kv_buckets: list[int] | None = None,
+                 chunk_buckets: list[int] | None = None) -> None:
         super().__init__(model, max_tokens, max_segments)
+        if graphs not in GRAPH_MODES:
+            raise ConfigError(f"graphs={graphs!r} must be one of {GRAPH_MODES}")
+        self.graphs = graphs
         ladder = token_ladder(max_tokens) if buckets is None else sorted(set(buckets))
         if not ladder or ladder[-1] != max_tokens:
             raise ConfigError(
@@ -241,7 +258,7 @@ class GraphExecutor(_FlatExecutor):
 
         self._sample_rows = sample_rows
         example = (meta.tok_id[:1], meta.tok_pos[:1], sample_rows)
-        # One pool for every graph (flat and decode): they never run at once, so they share.
+        # One pool for every graph: they never run at once, so they share it.
         self.pool = graph_pool_handle(meta.buffer.device)
         options = {"compile": compile, "compile_options": compile_options, "verify": verify,
                    "process_group": process_group, "pool": self.pool}
@@ -249,7 +266,10 @@ class GraphExecutor(_FlatExecutor):
             flat_step, example, buckets=ladder, batch_dim=(0, 0, None), output_batch_dim=None,
             progress=False, **options)
         self.decode: DecodeGraphs | None = (
-            DecodeGraphs(model, kv_buckets, options) if decode_graphs else None)
+            None if graphs == "piecewise" else DecodeGraphs(model, kv_buckets, options))
+        self.chunk: ChunkGraphs | None = (
+            ChunkGraphs(model, max_tokens, chunk_buckets, kv_buckets, options)
+            if graphs == "full" else None)
         self.captured = False
         if capture:
             self.capture()
@@ -264,14 +284,14 @@ class GraphExecutor(_FlatExecutor):
         return cls(model, process_group=process_group if tensor_parallel else None, **kwargs)
 
     def capture(self) -> GraphExecutor:
-        """Capture every bucket (largest first). Capture runs an empty step (no live token), so
-        it writes nothing into the KV cache. Returns ``self``."""
+        """Capture the mode's graphs (each runner largest bucket first). Capture runs empty
+        steps or rows that are not live, so it writes nothing into the KV cache. Returns
+        ``self``."""
         if self.captured:
             raise AccelGraphError("this executor's graphs are already captured")
         self.meta.clear()
-        self.runner.capture()
-        if self.decode is not None:
-            self.decode.capture()
+        for runner in self.runners():
+            runner.capture()
         self.captured = True
         return self
 
@@ -281,40 +301,78 @@ class GraphExecutor(_FlatExecutor):
         ``accel_graph.runner.memory-plan/1``, plus ``runners``); captures nothing."""
         return plan_shared_pool(self.runners(), trace=trace)
 
+    def memory_report(self) -> dict[str, Any]:
+        """The first captured runner's ``memory_report()`` (schema
+        ``accel_graph.runner.memory/1``): its pool figures are the executor's one shared pool,
+        every graph counted; its buckets are that runner's."""
+        return self.runners()[0].memory_report()
+
     def runners(self) -> list[GraphRunner]:
-        """Every runner of this executor in capture order: the token-bucket one, then the
-        decode graphs' (widest key extent first)."""
-        decode = self.decode
-        return [self.runner] + ([] if decode is None else
-                                [decode.runners[k] for k in reversed(decode.kv_buckets)])
+        """The runners the mode captures, in capture order: the token-bucket one (not in
+        ``"full"``), the chunk graphs', the decode graphs' (widest key extent first)."""
+        out = [] if self.graphs == "full" else [self.runner]
+        for family in (self.chunk, self.decode):
+            if family is not None:
+                out += family.ordered_runners()
+        return out
 
     def run(self, batch: StepBatch) -> list[int]:
         """Run one step; the greedy next token of each sampled segment, in segment order."""
+        segs = batch.segments if isinstance(batch, StepBatch) else ()
         decode = self.decode
-        if decode is not None and isinstance(batch, StepBatch) and batch.segments \
-                and is_decode_only(batch.segments):
-            try:
-                out = decode.run(batch.segments)
-            except AccelGraphError as exc:
-                if self.process_group is not None:
-                    raise
-                self._note_fallback(f"decode graph step failed ({type(exc).__name__}: {exc})")
-                out = self._run_flat(batch, eager=True)
-            self.steps += 1
-            self.tokens_run += len(batch.segments)
-            return out
-        return self._run_flat(batch)
+        if decode is None or not segs:
+            return self._run_flat(batch)
+        if is_decode_only(segs):
+            return self._run_parts(batch, segs, [])
+        if self.chunk is None:  # full_and_piecewise: a step with a prompt chunk
+            return self._run_flat(batch)
+        self._fill(batch)  # validates the whole step before any part runs
+        decs = [s for s in segs if len(s.tokens) == 1]
+        chunks = [s for s in segs if len(s.tokens) > 1]
+        if not all(self.chunk.can_serve(s) for s in chunks):
+            self._note_fallback("a prompt chunk fills its row from position 0 to max_seq, so no "
+                                "chunk graph can pad it")
+            return self._finish(self._run_flat_eager(), batch.num_tokens)
+        return self._run_parts(batch, decs, chunks)
 
-    def _run_flat(self, batch: StepBatch, eager: bool = False) -> list[int]:
+    def _run_parts(self, batch: StepBatch, decs: list[Any], chunks: list[Any]) -> list[int]:
+        """Serve a step part by part from whole-step graphs: its one-token segments ``decs`` in
+        one decode graph, then each chunk of ``chunks`` in a chunk graph."""
+        assert self.decode is not None
+        try:
+            chosen = self.decode.run(decs) if decs else {}
+            for seg in chunks:
+                assert self.chunk is not None
+                chosen[seg.slot] = self.chunk.run(seg)
+        except AccelGraphError as exc:
+            if self.process_group is not None:
+                raise
+            # Cache writes are idempotent (each live token's key/value at its own position),
+            # so serving the whole step again eagerly is safe after a part that failed.
+            self._note_fallback(f"whole-step graph failed ({type(exc).__name__}: {exc})")
+            self._fill(batch)
+            return self._finish(self._run_flat_eager(), batch.num_tokens)
+        return self._finish([chosen[s.slot] for s in batch.segments if s.sample],
+                            batch.num_tokens)
+
+    def _finish(self, out: list[int], tokens: int) -> list[int]:
+        self.steps += 1
+        self.tokens_run += tokens
+        return out
+
+    def _run_flat_eager(self) -> list[int]:
+        """The filled step (``meta``) eagerly."""
+        meta = self.meta
+        n = meta.num_tokens
+        with torch.inference_mode():
+            return self._tokens(greedy_step(self.model, meta, meta.tok_id[:n], meta.tok_pos[:n],
+                                            self._sample_rows))
+
+    def _run_flat(self, batch: StepBatch) -> list[int]:
         self._fill(batch)
         meta = self.meta
         n = meta.num_tokens
         tokens, positions = meta.tok_id[:n], meta.tok_pos[:n]
-        if eager:
-            with torch.inference_mode():
-                out = self._tokens(greedy_step(self.model, meta, tokens, positions,
-                                               self._sample_rows))
-            return out
         try:
             chosen = self.runner(tokens, positions, self._sample_rows)
         except AccelGraphError as exc:
@@ -323,12 +381,8 @@ class GraphExecutor(_FlatExecutor):
             # The step's cache writes are idempotent (each live token's key/value at its own
             # position), so running it again eagerly is safe after a replay that failed midway.
             self._note_fallback(f"graph step failed ({type(exc).__name__}: {exc})")
-            with torch.inference_mode():
-                chosen = greedy_step(self.model, meta, tokens, positions, self._sample_rows)
-        out = self._tokens(chosen)
-        self.steps += 1
-        self.tokens_run += n
-        return out
+            return self._finish(self._run_flat_eager(), n)
+        return self._finish(self._tokens(chosen), n)
 
     def _note_fallback(self, reason: str) -> None:
         if reason not in self._fallback_reasons:
@@ -336,28 +390,33 @@ class GraphExecutor(_FlatExecutor):
         self._fallback_reasons[reason] = self._fallback_reasons.get(reason, 0) + 1
 
     def describe(self) -> dict[str, Any]:
-        """Kind, buckets, bucket use counts, compile mode, eager fallbacks (the runner's and
-        this executor's), pool bytes (JSON-ready)."""
+        """Kind, mode, buckets, bucket use counts (token buckets by size; whole-step graphs as
+        ``"decode <rows>x<keys>"`` and ``"chunk <tokens>x<keys>"``), compile mode, eager
+        fallbacks (the runners' and this executor's), pool bytes (JSON-ready)."""
         stats = self.runner.stats()
-        mem = self.runner.memory_report()
+        mem = self.memory_report()
         use = {str(b["bucket"]): b["replays"] for b in stats["buckets"]}
         fallbacks = list(stats["eager_fallbacks"]) + [
             {"reason": r, "count": c} for r, c in self._fallback_reasons.items()]
         eager_calls = stats["eager_calls"]
         capture_s, compile_s = stats["capture_seconds"] or 0.0, stats["compile_seconds"] or 0.0
-        decode = self.decode
-        if decode is not None:
-            use.update(decode.bucket_use())
-            dst = decode.stats()
-            fallbacks += dst["eager_fallbacks"]
-            eager_calls += dst["eager_calls"]
-            capture_s += dst["capture_seconds"]
-            compile_s += dst["compile_seconds"]
-        return {**self._base_facts(), "buckets": list(self.runner.buckets), "bucket_use": use,
+        whole: dict[str, Any] = {}
+        for family in (self.decode, self.chunk):
+            if family is None:
+                continue
+            use.update(family.bucket_use(family.family))
+            fst = family.stats()
+            fallbacks += fst["eager_fallbacks"]
+            eager_calls += fst["eager_calls"]
+            capture_s += fst["capture_seconds"]
+            compile_s += fst["compile_seconds"]
+            whole[family.family] = {
+                "kv_buckets": family.kv_buckets,
+                "buckets": list(family.runners[family.kv_buckets[0]].buckets)}
+        return {**self._base_facts(), "graphs": self.graphs,
+                "buckets": list(self.runner.buckets), "bucket_use": use,
                 "captured_buckets": self.runner.captured_buckets,
-                "decode_graphs": None if decode is None else {
-                    "kv_buckets": decode.kv_buckets,
-                    "row_buckets": list(decode.runners[decode.kv_buckets[0]].buckets)},
+                "whole_step_graphs": whole or None,
                 "compile": self.compile_mode, "eager_fallbacks": fallbacks,
                 "eager_steps": eager_calls + sum(self._fallback_reasons.values()),
                 "pool_bytes": mem["pool_reserved_bytes"],

@@ -11,7 +11,7 @@ import torch
 
 from accel_graph.errors import ConfigError, ReplayError
 from accel_graph.models import Decoder, DecoderConfig
-from accel_graph.serving.decode_graphs import is_decode_only, kv_ladder, slot_ladder
+from accel_graph.serving.full_graphs import chunk_ladder, is_decode_only, kv_ladder, slot_ladder
 from accel_graph.serving.executors import EagerExecutor, GraphExecutor
 from accel_graph.serving.step import Segment, StepBatch
 
@@ -34,9 +34,10 @@ def caches(model: Decoder) -> list[torch.Tensor]:
 
 
 def test_ladders() -> None:
-    assert kv_ladder(256) == [64, 128, 256] and kv_ladder(48) == [24, 48] and kv_ladder(20) == [20]
+    assert kv_ladder(256) == [128, 256] and kv_ladder(48) == [24, 48] and kv_ladder(20) == [20]
     assert slot_ladder(16) == [4, 8, 16] and slot_ladder(4) == [4] and slot_ladder(2) == [2]
     assert slot_ladder(20) == [4, 8, 16, 20]
+    assert chunk_ladder(64) == [16, 32, 64] and chunk_ladder(16) == [16] and chunk_ladder(8) == [8]
     assert is_decode_only([Segment(0, 3, (1,), True), Segment(1, 0, (2,), False)])
     assert not is_decode_only([Segment(0, 3, (1, 2), True)])
 
@@ -118,8 +119,12 @@ def test_bad_decode_steps_are_refused_before_running() -> None:
 
 
 def test_settings_errors() -> None:
-    with pytest.raises(ConfigError, match="must be ints in 1..max_seq that end at max_seq=48"):
+    with pytest.raises(ConfigError, match=r"kv_buckets=\[16, 32\] must be ints in 1..48 that end at 48"):
         GraphExecutor(Decoder(CFG), max_tokens=8, buckets=[8], kv_buckets=[16, 32], capture=False)
+    with pytest.raises(ConfigError, match=r"chunk_buckets=\[4\] must be ints in 1..8 that end at 8"):
+        GraphExecutor(Decoder(CFG), max_tokens=8, buckets=[8], chunk_buckets=[4], capture=False)
+    with pytest.raises(ConfigError, match="graphs='fast' must be one of"):
+        GraphExecutor(Decoder(CFG), max_tokens=8, graphs="fast", capture=False)
 
 
 def test_failed_decode_replay_serves_the_step_eagerly(caplog: pytest.LogCaptureFixture) -> None:
@@ -148,21 +153,25 @@ def test_failed_decode_replay_serves_the_step_eagerly(caplog: pytest.LogCaptureF
     assert all(torch.equal(a, b) for a, b in zip(caches(graph_model), caches(eager_model)))
 
 
-def test_plan_of_every_graph_in_one_pool_equals_capture() -> None:
-    """The executor plans its token-bucket and decode graphs into its one pool before capture;
-    the capture then measures the same pool (recorder)."""
+@pytest.mark.parametrize(("graphs", "ladders"), [("full", [1, 1, 1, 1]),
+                                                   ("full_and_piecewise", [2, 1, 1])])
+def test_plan_of_every_graph_in_one_pool_equals_capture(graphs: str, ladders: list[int]) -> None:
+    """The executor plans every graph its mode captures into its one pool before capture
+    (full: chunk graphs, then decode graphs, widest key extent first; full_and_piecewise: the
+    token buckets, then decode graphs); the capture then measures the same pool (recorder)."""
     from accel_graph.runner import GraphRunner
     from accel_graph.runner.memory_plan import plan_shared_pool
 
-    ex = GraphExecutor(Decoder(CFG), max_tokens=8, buckets=[4, 8], compile=None, capture=False)
+    ex = GraphExecutor(Decoder(CFG), max_tokens=8, buckets=[4, 8], compile=None, capture=False,
+                       graphs=graphs)
     plan = ex.plan_memory()
-    assert [len(r["buckets"]) for r in plan["runners"]] == [2, 1, 1]  # flat, kv 48, kv 24
+    assert [len(r["buckets"]) for r in plan["runners"]] == ladders
     assert plan["buckets"] == plan["runners"][0]["buckets"]
-    assert ex.runner.memory_report()["buckets"][0]["status"] != "captured"
+    assert ex.memory_report()["buckets"][0]["status"] != "captured"
     ex.capture()
-    rep = ex.runner.memory_report()
+    rep = ex.memory_report()
     assert (plan["pool_reserved_bytes"], plan["pool_peak_reserved_bytes"]) == \
         (rep["pool_reserved_bytes"], rep["pool_peak_reserved_bytes"])
     lone = GraphRunner(lambda x: x * 2, (torch.ones(2),), buckets=[2], capture="eager")
     with pytest.raises(ConfigError, match="one pool= handle"):
-        plan_shared_pool([ex.runner, lone])
+        plan_shared_pool([ex.runners()[0], lone])
