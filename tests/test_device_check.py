@@ -244,3 +244,24 @@ def test_islands_child_runs_end_to_end_with_the_recorder_standing_in(tmp_path: P
     assert facts["backend"] == "recorder" and facts["checks"] == [True] * 8
     assert facts["bad_output_error"][0] == "ReplayError" and facts["after_error_ok"]
     assert facts["timed_calls"] == 5 and facts["replay_s"] > 0
+
+
+def test_serving_row_verdict_and_child_with_the_recorder_standing_in(tmp_path: Path) -> None:
+    """The serving row's verdict on recorded facts, then its child end to end with the
+    recorder standing in for the native backend (plumbing: says nothing about GPU behaviour)."""
+    tool = load_tool()
+    assert "serving" in tool.ROWS and tool.CHILDREN["serving"] is tool.child_serving
+    good = {"device": "cuda", "eager_tokens_per_s": 100.0, "modes": {
+        "full": {"tokens_equal": True, "tokens_per_s": 300.0, "capture_s": 1.0, "eager_steps": 0,
+                 "pool_bytes": 1}}}
+    res = tool.serving_verdict(good)
+    assert res["status"] == "pass" and "full 3.00x eager tokens/s" in res["summary"]
+    bad = {**good, "modes": {"full": {**good["modes"]["full"], "tokens_equal": False},
+                             "piecewise": {"error": "CaptureError: x"}}}
+    res = tool.serving_verdict(bad)
+    assert res["status"] == "fail" and "do NOT equal" in res["summary"] and "capture failed" in res["summary"]
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: the row runs for real in tools/device_check.py")
+    res = tool.child_serving(tmp_path, 1)
+    assert res["status"] == "pass", res["summary"]
+    assert set(res["details"]["modes"]) == {"piecewise", "full_and_piecewise", "full"}

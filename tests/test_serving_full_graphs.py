@@ -11,8 +11,8 @@ import torch
 
 from accel_graph.errors import ConfigError, ReplayError
 from accel_graph.models import Decoder, DecoderConfig
-from accel_graph.serving.full_graphs import chunk_ladder, is_decode_only, kv_ladder, slot_ladder
 from accel_graph.serving.executors import EagerExecutor, GraphExecutor
+from accel_graph.serving.full_graphs import chunk_ladder, is_decode_only, kv_ladder, slot_ladder
 from accel_graph.serving.step import Segment, StepBatch
 
 CFG = DecoderConfig(dim=32, n_heads=2, mlp_hidden=64, max_seq=48, max_batch=4, vocab_size=97)
@@ -175,3 +175,59 @@ def test_plan_of_every_graph_in_one_pool_equals_capture(graphs: str, ladders: li
     lone = GraphRunner(lambda x: x * 2, (torch.ones(2),), buckets=[2], capture="eager")
     with pytest.raises(ConfigError, match="one pool= handle"):
         plan_shared_pool([ex.runners()[0], lone])
+
+
+def test_chunk_padding_writes_nothing_and_steps_split_by_segment() -> None:
+    """graphs="full": a step of two prompt chunks and two decode tokens is one decode replay
+    plus one replay per chunk; tokens equal eager; only the live (slot, position) pairs change,
+    whatever the padding (a chunk of 5 in bucket 16 pads at the position after it; a chunk that
+    ends at max_seq pads at the position before it)."""
+    graph_model, eager_model = filled(), filled()
+    graph = GraphExecutor(graph_model, max_tokens=16, buckets=[16], compile=None)
+    eager = EagerExecutor(eager_model, max_tokens=16)
+    before = caches(graph_model)
+    batch = StepBatch((Segment(3, 3, (1, 2, 3, 4, 5), True), Segment(1, 9, (6,), True),
+                       Segment(0, 40, tuple(range(10, 18)), False), Segment(2, 30, (7,), True)))
+    assert graph.run(batch) == eager.run(batch)
+    use = {k: n for k, n in graph.describe()["bucket_use"].items() if n}
+    assert use == {"decode 4x48": 1, "chunk 16x24": 1, "chunk 16x48": 1}
+    for new, old in zip(caches(graph_model), before):
+        changed = (new != old).any(dim=(1, 3))
+        expect = torch.zeros_like(changed)
+        expect[3, 3:8] = expect[1, 9] = expect[2, 30] = True
+        expect[0, 40:48] = True
+        assert torch.equal(changed, expect)
+    assert graph.describe()["eager_steps"] == 0
+
+
+def test_chunk_that_fills_its_row_is_served_eagerly(caplog: pytest.LogCaptureFixture) -> None:
+    """A 48-token prompt from position 0 with max_seq 48 in chunk bucket 64: no position is
+    free for the padding, so the step is served eagerly (logged once), with eager's tokens."""
+    graph_model, eager_model = filled(), filled()
+    graph = GraphExecutor(graph_model, max_tokens=64, buckets=[64], compile=None)
+    eager = EagerExecutor(eager_model, max_tokens=64)
+    batch = StepBatch((Segment(1, 0, tuple(range(1, 49)), True),))
+    with caplog.at_level(logging.WARNING, logger="accel_graph"):
+        assert graph.run(batch) == eager.run(batch)
+        assert graph.run(batch) == eager.run(batch)
+    assert sum("no chunk graph can pad it" in r.getMessage() for r in caplog.records) == 1
+    assert graph.describe()["eager_steps"] == 2
+    assert all(torch.equal(a, b) for a, b in zip(caches(graph_model), caches(eager_model)))
+
+
+def test_slot_chunk_step_matches_flat_forward() -> None:
+    """Decoder.slot_chunk_step (the chunk graph's code) against flat_forward (the eager path)
+    on the same chunk: the same logits (to fp32 rounding) and the same cache rows written."""
+    a, b = filled(), filled()
+    toks, start = list(range(20, 27)), 11
+    meta = b.flat_metadata(16)
+    meta.fill([2], [start], [toks], [True])
+    with torch.inference_mode():
+        ref = b.flat_forward(meta.tok_id[:7], meta.tok_pos[:7], meta.sample_rows[:1], meta)
+        pad = 16 - len(toks)
+        out = a.slot_chunk_step(
+            torch.tensor(toks + [0] * pad), torch.tensor(list(range(start, start + 7)) + [18] * pad),
+            torch.tensor([2]), torch.tensor([True] * 7 + [False] * pad), torch.tensor([6]), 24)
+    torch.testing.assert_close(out, ref)
+    for x, y in zip(caches(a), caches(b)):
+        torch.testing.assert_close(x, y)

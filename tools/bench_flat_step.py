@@ -3,12 +3,15 @@
 Builds the serving-sized bundled decoder (``accel_graph.serving.executors.serving_config``:
 256-token context, 16 slots), gives every slot a cached history, and times, interleaved in
 rounds, the same steps through an ``EagerExecutor`` (under ``inference_mode``: the baseline)
-and a ``GraphExecutor`` (token buckets; compiled replay by default) over the same model: decode
-steps of 1, 4, 8 and 16 requests, and mixed steps (one prompt chunk plus decode tokens). A
+and one ``GraphExecutor`` per graph mode (``--graphs``, default piecewise and full; compiled
+replay by default) over the same model: decode
+steps of 1, 4, 8 and 16 requests, and mixed steps (one prompt chunk plus decode tokens); and,
+as a check on the baseline, the whole-step forms of ``graphs="full"`` run eagerly ("eager
+full": is eager's own attention form the faster eager one?). A
 step rewrites the same keys and values at the same positions each time, so repeating it is
 steady state. Medians of per-round medians; ratios from the same run.
 
-    .venv213/bin/python tools/bench_flat_step.py --json /tmp/bench-flat-step.json
+    bash tools/dev.sh run python tools/bench_flat_step.py --json /tmp/bench-flat-step.json
 
 Prints a table; ``--json`` writes ``{"tool", "created_utc", "hardware", "settings", "rows"}``.
 """
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import statistics
 import time
 from datetime import datetime, timezone
@@ -67,7 +71,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--buckets", type=int, nargs="*", default=None, help="token buckets")
     p.add_argument("--compile", default="inductor", help="inductor (default) or none")
     p.add_argument("--cpp-wrapper", action="store_true", help="Inductor's C++ wrapper")
-    p.add_argument("--replay", default="auto", help="auto (default), compiled, interpreted")
+    p.add_argument("--replay", default="compiled", help="compiled (default, as the executor), "
+                   "auto, interpreted")
+    p.add_argument("--graphs", default="piecewise,full",
+                   help="graph executor modes to time, comma-separated (default %(default)s)")
     p.add_argument("--context", type=int, default=160, help="cached tokens per slot (default 160)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     p.add_argument("--config", default="", help="DecoderConfig overrides, e.g. dim=64,n_heads=2")
@@ -89,42 +96,68 @@ def main(argv: list[str] | None = None) -> int:
     if compile_mode:
         options = {"replay": a.replay, "cpp_wrapper": a.cpp_wrapper}
     eager = EagerExecutor(model, max_tokens=a.max_tokens)
-    t0 = time.perf_counter()
-    graph = GraphExecutor(model, max_tokens=a.max_tokens, buckets=a.buckets, compile=compile_mode,
-                          compile_options=options)
-    capture_s = time.perf_counter() - t0
+    modes = [m for m in a.graphs.split(",") if m]
+    graphs: dict[str, GraphExecutor] = {}
+    capture_s: dict[str, float] = {}
+    for mode in modes:
+        t0 = time.perf_counter()
+        graphs[mode] = GraphExecutor(model, max_tokens=a.max_tokens, buckets=a.buckets,
+                                     compile=compile_mode, compile_options=options, graphs=mode)
+        capture_s[mode] = round(time.perf_counter() - t0, 2)
+    # The whole-step forms run eagerly (uncaptured runners fall back to eager): is the eager
+    # baseline's attention form (sdpa at the live lengths) the faster eager one?
+    eager_full = GraphExecutor(model, max_tokens=a.max_tokens, buckets=a.buckets,
+                               compile=None, graphs="full", capture=False)
+    logging.getLogger("accel_graph").setLevel(logging.ERROR)  # its fallback notes
     rows = []
-    print(f"capture (and compile) {capture_s:.1f} s, buckets {graph.runner.buckets}")
-    print(f"{'step':>22} {'tokens':>6} {'bucket':>6} {'eager us':>9} {'graph us':>9} {'speedup':>8}")
+    print(f"capture (and compile) seconds {capture_s}; token buckets "
+          f"{graphs[modes[0]].runner.buckets}")
+    head = f"{'step':>22} {'tokens':>6} {'eager us':>9} {'eager full us':>13}"
+    for mode in modes:
+        head += f" {mode + ' us':>{max(9, len(mode) + 3)}} {'speedup':>8}"
+    print(head)
     for i, (name, decodes, chunk) in enumerate(CASES):
         batch = make_step(decodes, chunk, a.context, seed=i)
         if batch.num_tokens > a.max_tokens:
             continue
-        same = eager.run(batch) == graph.run(batch)
-        for _ in range(20):  # past the checked replays and replay="auto"'s decision
-            graph.run(batch)
-        e_med, g_med = [], []
+        ref = eager.run(batch)
+        same = {m: g.run(batch) == ref for m, g in graphs.items()}
+        for g in graphs.values():
+            for _ in range(20):  # past the checked replays and replay="auto"'s decision
+                g.run(batch)
+        same["eager full"] = eager_full.run(batch) == ref
+        runs = [("eager", eager.run), ("eager full", eager_full.run)] + [
+            (m, g.run) for m, g in graphs.items()]
+        meds: dict[str, list[float]] = {m: [] for m, _ in runs}
         for r in range(a.rounds):
-            order = (eager.run, graph.run) if r % 2 == 0 else (graph.run, eager.run)
-            for run in order:
-                (e_med if run == eager.run else g_med).append(_time(run, batch, a.iters))
-        e, g = statistics.median(e_med), statistics.median(g_med)
-        bucket = graph.runner.bucket_for(batch.num_tokens)
-        rows.append({"step": name, "tokens": batch.num_tokens, "segments": len(batch.segments),
-                     "bucket": bucket, "eager_us": round(e, 1), "graph_us": round(g, 1),
-                     "speedup": round(e / g, 3), "tokens_equal": same})
-        print(f"{name:>22} {batch.num_tokens:>6} {bucket!s:>6} {e:>9.1f} {g:>9.1f} {e / g:>7.2f}x"
-              + ("" if same else "  TOKENS DIFFER"))
+            order = runs if r % 2 == 0 else runs[::-1]
+            for m, run in order:
+                meds[m].append(_time(run, batch, a.iters))
+        e = statistics.median(meds["eager"])
+        ef = statistics.median(meds["eager full"])
+        row: dict[str, Any] = {"step": name, "tokens": batch.num_tokens,
+                               "segments": len(batch.segments), "eager_us": round(e, 1),
+                               "eager_full_us": round(ef, 1),
+                               "eager_full_tokens_equal": same["eager full"]}
+        line = f"{name:>22} {batch.num_tokens:>6} {e:>9.1f} {ef:>13.1f}"
+        for m in modes:
+            g_us = statistics.median(meds[m])
+            row[m] = {"graph_us": round(g_us, 1), "speedup": round(e / g_us, 3),
+                      "tokens_equal": same[m]}
+            line += f" {g_us:>{max(9, len(m) + 3)}.1f} {e / g_us:>7.2f}x" + ("" if same[m] else " DIFFER")
+        rows.append(row)
+        print(line)
     report = {"tool": "tools/bench_flat_step.py",
               "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "hardware": hardware_info(), "load_avg": load_avg(),
               "settings": {"config": cfg.as_dict(), "rounds": a.rounds, "iters": a.iters,
-                           "buckets": graph.runner.buckets, "compile": compile_mode,
+                           "buckets": graphs[modes[0]].runner.buckets, "graphs": modes,
+                           "compile": compile_mode,
                            "cpp_wrapper": a.cpp_wrapper, "replay": a.replay, "context": a.context,
                            "threads": a.threads, "torch": torch.__version__,
-                           "capture_s": round(capture_s, 2),
+                           "capture_s": capture_s,
                            "default_ladder": token_ladder(a.max_tokens)},
-              "describe": graph.describe(), "rows": rows}
+              "describe": {m: g.describe() for m, g in graphs.items()}, "rows": rows}
     if a.json:
         a.json.write_text(json.dumps(report, indent=2) + "\n")
     return 0

@@ -50,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=d.max_tokens)
     p.add_argument("--rounds", type=int, default=d.rounds)
     p.add_argument("--no-compile", action="store_true")
+    p.add_argument("--graphs", default=d.graphs, choices=("full", "full_and_piecewise", "piecewise"),
+                   help="the graph executor's mode (default %(default)s)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1, as serve-bench)")
     p.add_argument("--json", type=Path, default=None)
     a = p.parse_args(argv)
@@ -59,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         requests=a.requests, prompt_lens=parse_range(a.prompt_lens, "--prompt-lens"),
         new_tokens=parse_range(a.max_new_tokens, "--max-new-tokens"), seed=a.seed,
         slots=a.slots, max_tokens=a.max_tokens, rounds=a.rounds,
-        compile=None if a.no_compile else "inductor")
+        compile=None if a.no_compile else "inductor", graphs=a.graphs)
     load = _load()
     prepared = prepare(base)
     reports: list[dict[str, Any]] = []

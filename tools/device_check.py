@@ -87,7 +87,7 @@ SCHEMA = "accel-graph.device-check"
 SCHEMA_VERSION = 1
 RESULT_PREFIX = "DEVICE_CHECK_RESULT "
 ROWS = ("conformance", "replay_overhead", "plugin_mempool", "plugin_process_swap", "simulator_trace",
-        "multi_gpu_collectives", "control_flow", "islands", "memory_plan")
+        "multi_gpu_collectives", "control_flow", "islands", "memory_plan", "serving")
 #: Wall-clock limit of each row's subprocess, seconds (the whole script stays under 5 minutes).
 TIMEOUTS = {
     "conformance": 170,
@@ -99,6 +99,7 @@ TIMEOUTS = {
     "control_flow": 40,
     "islands": 60,
     "memory_plan": 60,
+    "serving": 90,
 }
 RATIO_TARGET = 1.05
 OVERHEAD_TARGET_US = 2.0
@@ -316,7 +317,7 @@ def skip_reason(row: str, env: dict[str, Any]) -> str | None:
         return "skipped: no GPU"
     if backend == "xpu" and row == "multi_gpu_collectives":
         return "skipped: needs CUDA or ROCm GPUs (the row drives NCCL/RCCL)"
-    if backend == "xpu" and row not in ("conformance", "control_flow", "islands"):
+    if backend == "xpu" and row not in ("conformance", "control_flow", "islands", "serving"):
         return "skipped: needs a CUDA or ROCm GPU (XPU has no CUDAPluggableAllocator)"
     if row == "multi_gpu_collectives" and int(env.get("gpu_count") or 0) < 2:
         return f"skipped: needs at least 2 GPUs, found {int(env.get('gpu_count') or 0)}"
@@ -995,6 +996,73 @@ def child_memory_plan(out: Path, iters: int) -> dict[str, Any]:
     return memory_plan_verdict(plan, runner.memory_report())
 
 
+def child_serving(out: Path, iters: int) -> dict[str, Any]:
+    """The serving engine on the GPU: one seeded stream (24 requests at once, prompts 16..96,
+    8..24 new tokens) through the eager executor and the graph executor in each mode (native
+    graphs, no Inductor), every request's tokens compared; the second of two runs timed."""
+    import time
+
+    import torch
+
+    from accel_graph.models import Decoder
+    from accel_graph.serving import Engine
+    from accel_graph.serving.executors import (
+        GRAPH_MODES,
+        EagerExecutor,
+        GraphExecutor,
+        serving_config,
+    )
+    from accel_graph.serving.workload import poisson_requests
+
+    dev = "cuda" if torch.cuda.is_available() else ("xpu" if getattr(torch, "xpu", None) and
+                                                    torch.xpu.is_available() else "cpu")
+    cfg = serving_config()
+    model = Decoder(cfg).to(dev)
+    stream = poisson_requests(24, float("inf"), (16, 96), (8, 24), vocab_size=cfg.vocab_size, seed=0)
+
+    def serve(ex: Any) -> tuple[list[list[int]], float]:
+        engine = Engine(ex, vocab_size=cfg.vocab_size)
+        engine.run(stream)  # warm-up (and each bucket's checked replays)
+        run = engine.run(stream)
+        return [r.tokens for r in run.results], sum(len(r.tokens) for r in run.results) / run.elapsed_s
+
+    ref, eager_tps = serve(EagerExecutor(model, max_tokens=64))
+    facts: dict[str, Any] = {"device": dev, "eager_tokens_per_s": eager_tps, "modes": {}}
+    for mode in GRAPH_MODES:
+        t0 = time.perf_counter()
+        try:
+            ex = GraphExecutor(model, max_tokens=64, compile=None, graphs=mode)
+        except Exception as exc:  # noqa: BLE001 - recorded: the verdict names it
+            facts["modes"][mode] = {"error": f"{type(exc).__name__}: {exc}"}
+            continue
+        capture_s = time.perf_counter() - t0
+        tokens, tps = serve(ex)
+        d = ex.describe()
+        facts["modes"][mode] = {"tokens_equal": tokens == ref, "tokens_per_s": tps,
+                                "capture_s": capture_s, "eager_steps": d["eager_steps"],
+                                "pool_bytes": d["pool_bytes"]}
+    return serving_verdict(facts)
+
+
+def serving_verdict(facts: dict[str, Any]) -> dict[str, Any]:
+    """Pass when every mode captured and served eager's tokens with no eager step."""
+    parts, bad = [], []
+    for mode, f in facts["modes"].items():
+        if "error" in f:
+            bad.append(f"{mode}: capture failed ({f['error']})")
+            continue
+        ratio = f["tokens_per_s"] / facts["eager_tokens_per_s"] if facts["eager_tokens_per_s"] else 0.0
+        parts.append(f"{mode} {ratio:.2f}x eager tokens/s")
+        if not f["tokens_equal"]:
+            bad.append(f"{mode}: tokens do NOT equal eager's")
+        if f["eager_steps"]:
+            bad.append(f"{mode}: {f['eager_steps']} step(s) fell back to eager")
+    if not facts["modes"]:
+        bad.append("no mode ran")
+    summary = "; ".join(bad) if bad else ("every mode serves eager's tokens; " + ", ".join(parts))
+    return _row("fail" if bad else "pass", summary, **facts)
+
+
 CHILDREN: dict[str, Callable[[Path, int], dict[str, Any]]] = {
     "replay_overhead": child_replay_overhead,
     "plugin_mempool": child_plugin_mempool,
@@ -1005,6 +1073,7 @@ CHILDREN: dict[str, Callable[[Path, int], dict[str, Any]]] = {
     "control_flow": child_control_flow,
     "islands": child_islands,
     "memory_plan": child_memory_plan,
+    "serving": child_serving,
 }
 
 

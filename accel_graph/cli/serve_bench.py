@@ -44,6 +44,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"most tokens per step, the largest token bucket (default {d.max_tokens})")
     parser.add_argument("--token-budget", type=int, default=None, metavar="T",
                         help="the scheduler's per-step token budget (default: --max-tokens)")
+    parser.add_argument("--graphs", choices=("full", "full_and_piecewise", "piecewise"),
+                        default=d.graphs, help="the graph executor's mode (default full: every "
+                        "step from whole-step graphs; piecewise: token buckets with attention "
+                        "islands; docs/serving.md \"Graph modes\")")
     parser.add_argument("--no-compile", action="store_true",
                         help="interpreted graph replay instead of Inductor-compiled replay")
     parser.add_argument("--rounds", type=int, default=d.rounds, metavar="N",
@@ -75,7 +79,7 @@ def options_from_args(args: argparse.Namespace) -> Any:
         new_tokens=parse_range(args.max_new_tokens, "--max-new-tokens"), seed=args.seed,
         slots=args.slots, max_tokens=args.max_tokens, token_budget=args.token_budget,
         compile=None if args.no_compile else "inductor", rounds=args.rounds,
-        memory_budget=args.memory_budget)
+        memory_budget=args.memory_budget, graphs=args.graphs)
 
 
 class _Bar:

@@ -1,7 +1,8 @@
 """Serving on graphs: a continuous-batching engine over flat mixed prefill/decode steps.
 
 ``accel_graph.serving.Engine`` schedules requests into steps (:mod:`.step`), and an executor runs
-each step eagerly or from graphs captured per token bucket. docs/serving.md is the guide.
+each step eagerly or from captured graphs (token buckets with attention islands, or whole-step
+graphs: docs/serving.md "Graph modes"). docs/serving.md is the guide.
 
 Names are imported on first access (importing this package imports neither torch nor a model).
 """

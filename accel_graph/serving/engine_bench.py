@@ -2,8 +2,9 @@
 
 Both engines are :class:`~.engine.Engine` (one scheduler) over the bundled decoder, with the
 same slots and step budget; the eager one runs each step under ``torch.inference_mode()``
-(:class:`~.executors.EagerExecutor`, the baseline), the graph one replays graphs captured per
-token bucket (:class:`~.executors.GraphExecutor`, with an eager fallback on the same model).
+(:class:`~.executors.EagerExecutor`, the baseline), the graph one replays captured graphs
+(:class:`~.executors.GraphExecutor` in the ``graphs`` mode, default ``"full"``: whole-step
+graphs; with an eager fallback on the same model).
 
 Method: both engines first serve the stream once untimed (warm-up: every bucket replayed and
 verified, caches warm), then ``rounds`` timed rounds alternate which engine goes first; each
@@ -52,6 +53,7 @@ class ServeBenchOptions:
     compile: str | None = "inductor"
     rounds: int = 3
     memory_budget: int | None = None
+    graphs: str = "full"
 
 
 def prepare(opts: ServeBenchOptions) -> tuple[Any, Any, dict[str, Any], float]:
@@ -65,7 +67,8 @@ def prepare(opts: ServeBenchOptions) -> tuple[Any, Any, dict[str, Any], float]:
 
     def build(slots: int, capture: bool) -> Any:
         return GraphExecutor.from_config(config, num_slots=slots, max_tokens=opts.max_tokens,
-                                         compile=opts.compile, capture=capture)
+                                         compile=opts.compile, capture=capture,
+                                         graphs=opts.graphs)
 
     if opts.memory_budget is not None:
         graph, sizing = size_kv_cache(build, opts.memory_budget)
