@@ -31,7 +31,8 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from ..errors import ConfigError
-from .decoder import Decoder, DecoderConfig, block_forward
+from .decoder import Decoder, DecoderConfig
+from .decoder_blocks import block_forward
 
 __all__ = ["COLLECTIVES", "TPDecoder", "shard_state"]
 
@@ -117,7 +118,7 @@ def _reducer(collective: str, group: Any) -> Callable[[Tensor], Tensor]:
 
 class _TPLayer(nn.Module):
     """One decoder block holding this rank's shard: the single-process block's ops
-    (:func:`~accel_graph.models.decoder.block_forward`) with an all-reduce after attention and
+    (:func:`~accel_graph.models.decoder_blocks.block_forward`) with an all-reduce after attention and
     after the MLP."""
 
     def __init__(self, cfg: DecoderConfig, world: int, reduce: Callable[[Tensor], Tensor]) -> None:
