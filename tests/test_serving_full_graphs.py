@@ -92,7 +92,7 @@ def test_decode_steps_with_gaps_equal_eager(compile_mode: str | None) -> None:
         batch = StepBatch((Segment(2, p2, (11 + step,), True), Segment(0, p0, (3,), True)))
         assert graph.run(batch) == eager.run(batch)
     use = graph.describe()["bucket_use"]
-    assert use["decode 4x24"] == 2 and use["decode 4x48"] == 1 and use["8"] == 0
+    assert use["decode 4x24"] == 2 and use["decode 4x48"] == 1 and "8" not in use
     for new, old in zip(caches(graph_model), before):
         changed = (new != old).any(dim=(1, 3))
         expect = torch.zeros_like(changed)
@@ -114,7 +114,13 @@ def test_bad_decode_steps_are_refused_before_running() -> None:
     for batch, words in bad:
         with pytest.raises(ValueError, match=words):
             graph.run(batch)
-    assert graph.steps == 0
+    # Step-size limits hold for decode-only steps too (they skip the flat metadata's checks).
+    small = GraphExecutor(model, max_tokens=2, buckets=[2], max_segments=2, compile=None,
+                          capture=False)
+    four = StepBatch(tuple(Segment(s, 1, (1,), True) for s in range(4)))
+    with pytest.raises(ValueError, match="1..2 segments, got 4"):
+        small.run(four)
+    assert graph.steps == 0 and small.steps == 0
     assert all(torch.equal(a, b) for a, b in zip(caches(model), before))
 
 
@@ -123,6 +129,13 @@ def test_settings_errors() -> None:
         GraphExecutor(Decoder(CFG), max_tokens=8, buckets=[8], kv_buckets=[16, 32], capture=False)
     with pytest.raises(ConfigError, match=r"chunk_buckets=\[4\] must be ints in 1..8 that end at 8"):
         GraphExecutor(Decoder(CFG), max_tokens=8, buckets=[8], chunk_buckets=[4], capture=False)
+    with pytest.raises(ConfigError, match=r"kv_buckets=\[24, '48'\] must be ints"):
+        GraphExecutor(Decoder(CFG), max_tokens=8, kv_buckets=[24, "48"], capture=False)  # type: ignore[list-item]
+    with pytest.raises(ConfigError, match="kv_buckets= sets graphs that graphs='piecewise' does not build"):
+        GraphExecutor(Decoder(CFG), max_tokens=8, graphs="piecewise", kv_buckets=[48], capture=False)
+    with pytest.raises(ConfigError, match="chunk_buckets= sets graphs"):
+        GraphExecutor(Decoder(CFG), max_tokens=8, graphs="full_and_piecewise", chunk_buckets=[8],
+                      capture=False)
     with pytest.raises(ConfigError, match="graphs='fast' must be one of"):
         GraphExecutor(Decoder(CFG), max_tokens=8, graphs="fast", capture=False)
 
@@ -198,6 +211,20 @@ def test_chunk_padding_writes_nothing_and_steps_split_by_segment() -> None:
         expect[0, 40:48] = True
         assert torch.equal(changed, expect)
     assert graph.describe()["eager_steps"] == 0
+
+
+def test_padded_chunk_ending_at_an_extent_reads_that_extent() -> None:
+    """An 8-token chunk at positions 16..23 (bucket 16, so padded) needs keys 0..23: the 24-key
+    graph serves it (its padding, at position 24, writes back and is not read)."""
+    graph_model, eager_model = filled(), filled()
+    graph = GraphExecutor(graph_model, max_tokens=16, buckets=[16], compile=None)
+    eager = EagerExecutor(eager_model, max_tokens=16)
+    batch = StepBatch((Segment(2, 16, tuple(range(30, 38)), True),))
+    assert graph.run(batch) == eager.run(batch)
+    use = {k: n for k, n in graph.describe()["bucket_use"].items() if n}
+    assert use == {"chunk 16x24": 1}
+    for new, old in zip(caches(graph_model), caches(eager_model)):
+        torch.testing.assert_close(new, old)
 
 
 def test_chunk_that_fills_its_row_is_served_eagerly(caplog: pytest.LogCaptureFixture) -> None:

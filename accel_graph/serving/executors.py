@@ -235,6 +235,11 @@ class GraphExecutor(_FlatExecutor):
         super().__init__(model, max_tokens, max_segments)
         if graphs not in GRAPH_MODES:
             raise ConfigError(f"graphs={graphs!r} must be one of {GRAPH_MODES}")
+        for name, value, modes in (("kv_buckets", kv_buckets, ("full_and_piecewise", "full")),
+                                   ("chunk_buckets", chunk_buckets, ("full",))):
+            if value is not None and graphs not in modes:
+                raise ConfigError(f"{name}= sets graphs that graphs={graphs!r} does not build "
+                                  f"(it applies to {' and '.join(repr(m) for m in modes)})")
         self.graphs = graphs
         ladder = token_ladder(max_tokens) if buckets is None else sorted(set(buckets))
         if not ladder or ladder[-1] != max_tokens:
@@ -323,6 +328,7 @@ class GraphExecutor(_FlatExecutor):
         if decode is None or not segs:
             return self._run_flat(batch)
         if is_decode_only(segs):
+            self._check_counts(segs)
             return self._run_parts(batch, segs, [])
         if self.chunk is None:  # full_and_piecewise: a step with a prompt chunk
             return self._run_flat(batch)
@@ -334,6 +340,15 @@ class GraphExecutor(_FlatExecutor):
                                 "chunk graph can pad it")
             return self._finish(self._run_flat_eager(), batch.num_tokens)
         return self._run_parts(batch, decs, chunks)
+
+    def _check_counts(self, segs: tuple[Any, ...]) -> None:
+        """The step-size limits :meth:`SlotAttentionMeta.fill` checks, for a decode-only step
+        that skips it (``DecodeGraphs.prepare`` checks the rest), with the same words."""
+        if len(segs) > self.max_segments:
+            raise ValueError(f"a step needs 1..{self.max_segments} segments, got {len(segs)}")
+        if len(segs) > self.max_tokens:
+            raise ValueError(f"the step has {len(segs)} tokens, more than "
+                             f"max_tokens={self.max_tokens}")
 
     def _run_parts(self, batch: StepBatch, decs: list[Any], chunks: list[Any]) -> list[int]:
         """Serve a step part by part from whole-step graphs: its one-token segments ``decs`` in
@@ -413,9 +428,12 @@ class GraphExecutor(_FlatExecutor):
             whole[family.family] = {
                 "kv_buckets": family.kv_buckets,
                 "buckets": list(family.runners[family.kv_buckets[0]].buckets)}
+        if self.graphs == "full":  # the token-bucket graphs are built but never captured
+            use = {k: n for k, n in use.items() if not k.isdigit()}
         return {**self._base_facts(), "graphs": self.graphs,
-                "buckets": list(self.runner.buckets), "bucket_use": use,
-                "captured_buckets": self.runner.captured_buckets,
+                "buckets": None if self.graphs == "full" else list(self.runner.buckets),
+                "bucket_use": use,
+                "captured_buckets": None if self.graphs == "full" else self.runner.captured_buckets,
                 "whole_step_graphs": whole or None,
                 "compile": self.compile_mode, "eager_fallbacks": fallbacks,
                 "eager_steps": eager_calls + sum(self._fallback_reasons.values()),

@@ -82,12 +82,11 @@ def is_decode_only(segments: Sequence[Segment]) -> bool:
 
 
 def _check_ladder(name: str, ladder: Sequence[int], top: int, what: str) -> list[int]:
-    out = sorted(set(ladder))
-    if not out or out[-1] != top or out[0] < 1 or any(
-            isinstance(k, bool) or not isinstance(k, int) for k in out):
+    if any(isinstance(k, bool) or not isinstance(k, int) for k in ladder) or not ladder or \
+            max(ladder) != top or min(ladder) < 1:
         raise ConfigError(f"{name}={list(ladder)} must be ints in 1..{top} that end at {top} "
                           f"({what})")
-    return out
+    return sorted(set(ladder))
 
 
 class _ExtentRunners:
@@ -279,5 +278,6 @@ class ChunkGraphs(_ExtentRunners):
         host[3 * t + 1] = c - 1
         self.stage()
         b = self.buffer
-        kv = self.extent(max(start + c, pad + 1) if size > c else start + c)
+        # The padding's own keys need no extent: it writes back and its output is not read.
+        kv = self.extent(start + c)
         return int(self.runners[kv](b[0, :size], b[1, :size], b[2, :size], b[3, :2])[0])
