@@ -14,7 +14,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from ..errors import AccelGraphError, CaptureError, ConfigError, OutOfMemoryError
-from ..foundation.gc_pause import gc_paused
+from ..foundation.gc_pause import ImportCycles, gc_paused
 from ..graphs.graph import Graph, graph, resolved_graph
 from .group import CODE_FAILED, CODE_OK, CODE_RAISED, check_same_setup, exchange
 from .islands import IslandProbe
@@ -62,6 +62,7 @@ def capture_buckets(rt: RunnerRuntime) -> None:
     bar = progress_bar(len(rt.buckets), rt.progress)
     try:
         with gc_paused():
+            cycles = ImportCycles()
             for bucket in reversed(rt.buckets):  # largest first: smaller ones reuse its memory
                 if bar is not None:
                     bar.set_postfix_str(f"bucket {bucket.size}")
@@ -69,6 +70,7 @@ def capture_buckets(rt: RunnerRuntime) -> None:
                     _capture_agreed(rt, bucket, strict)
                 elif not _over_time_budget(rt, bucket):
                     _capture_one(rt, bucket)
+                cycles.reclaim()  # what a first-time import pinned goes back to the pool
                 if bar is not None:
                     reserved, _ = rt.pool_bytes()
                     mib = "?" if reserved is None else f"{reserved / 2**20:.1f}"

@@ -27,7 +27,7 @@ import torch.utils._pytree as pytree
 
 from ..backends import memory_planner
 from ..errors import ConfigError
-from ..foundation.gc_pause import gc_paused
+from ..foundation.gc_pause import ImportCycles, gc_paused
 from ..graphs.memory_plan import plan_settings
 from .runtime import RunnerRuntime
 from .state import state_tensors
@@ -47,6 +47,7 @@ def plan_steps(planner: Any, steps: list[tuple[str, Callable[[], Any], Callable[
     rows = []
     kept: list[Any] = getattr(planner, "kept", [])
     planner.kept = kept
+    cycles = ImportCycles()
     for label, call, keep in steps:
         cp = planner.plan(lambda c=call: c(), (), {})
         outs = cp.outputs if keep is None else keep(cp.outputs)
@@ -58,6 +59,7 @@ def plan_steps(planner: Any, steps: list[tuple[str, Callable[[], Any], Callable[
         cp.outputs = None
         kept.append(outs)
         del outs, leaves
+        cycles.reclaim()  # as capture does between buckets
     return rows
 
 
