@@ -22,7 +22,7 @@ from ..allocator.devices import device_kind
 from ..backends import memory_planner, select_backend
 from ..errors import ConfigError
 
-__all__ = ["GRAPH_PLAN_SCHEMA", "plan_graph_memory", "plan_settings"]
+__all__ = ["GRAPH_PLAN_SCHEMA", "distinct_pool_bytes", "plan_graph_memory", "plan_settings"]
 
 GRAPH_PLAN_SCHEMA = "accel_graph.graph.memory-plan/1"
 
@@ -95,9 +95,7 @@ def plan_graph_memory(fn: Callable[..., Any], example_inputs: Any = (), *,
     planner = memory_planner(routed, engine, policy, recycle=recycle, record_events=trace is not None)
     with torch.no_grad():
         cp = planner.plan(fn, args, kwargs)
-        leaves = [x for x in pytree.tree_leaves(cp.outputs)
-                  if isinstance(x, torch.Tensor) and planner.pool.owns(x)]
-        out_bytes = sum({x.untyped_storage()._cdata: x.untyped_storage().nbytes() for x in leaves}.values())
+        out_bytes = distinct_pool_bytes([cp.outputs], planner.pool.owns)
         stats = planner.pool_stats()
         warm = planner.warmup_peak()
     result: dict[str, Any] = {
@@ -116,6 +114,18 @@ def plan_graph_memory(fn: Callable[..., Any], example_inputs: Any = (), *,
     if trace is not None:
         planner.write_trace(trace, report, what=f"plan_graph_memory({getattr(fn, '__qualname__', fn)!r})")
         result["trace"] = str(trace)
-    del cp, leaves
+    del cp
     result["planning_seconds"] = time.perf_counter() - t0
     return result
+
+
+def distinct_pool_bytes(kept: list[Any], in_pool: Callable[[torch.Tensor], bool]) -> int:
+    """Bytes of the distinct pool storages among the tensors of ``kept`` (views counted
+    once): a plan's output bytes."""
+    seen: dict[int, int] = {}
+    for out in kept:
+        for x in pytree.tree_leaves(out):
+            if isinstance(x, torch.Tensor) and in_pool(x):
+                s = x.untyped_storage()
+                seen[s._cdata] = s.nbytes()
+    return sum(seen.values())

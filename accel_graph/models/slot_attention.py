@@ -41,7 +41,7 @@ from torch import Tensor, nn
 
 from ..graphs.islands import eager_island
 
-__all__ = ["SlotAttentionMeta", "slot_attention"]
+__all__ = ["SlotAttentionMeta", "check_step", "slot_attention"]
 
 
 class _Group:
@@ -63,6 +63,32 @@ class _Group:
         self.lo = -1
         self.padded = False
         self.mask: Tensor | None = None
+
+
+def check_step(slots: Sequence[int], starts: Sequence[int], lengths: Sequence[int], *,
+               max_tokens: int, max_segments: int, max_seq: int, num_slots: int) -> None:
+    """Validate one step: segment ``i`` feeds ``lengths[i]`` tokens into slot ``slots[i]`` at
+    positions ``starts[i] ..``. ValueError (naming the segment) for what would otherwise be a
+    silent wrong result or a write outside the cache: no segment or more than
+    ``max_segments``, a slot used twice or outside ``0..num_slots-1``, more than ``max_tokens``
+    tokens, a segment of no token or past ``max_seq``. Every executor path checks a step with
+    it before any of the step runs."""
+    n_seg = len(slots)
+    if not 1 <= n_seg <= max_segments:
+        raise ValueError(f"a step needs 1..{max_segments} segments, got {n_seg}")
+    if len(set(slots)) != n_seg:
+        raise ValueError(f"two segments of one step share a slot ({list(slots)}): each live "
+                         f"request has its own slot and feeds one segment per step")
+    total = sum(lengths)
+    if total > max_tokens:
+        raise ValueError(f"the step has {total} tokens, more than max_tokens={max_tokens}")
+    for i, (slot, start, n) in enumerate(zip(slots, starts, lengths)):
+        if n < 1 or start < 0 or start + n > max_seq:
+            raise ValueError(
+                f"segment {i}: {n} token(s) at positions {start}.. do not fit a sequence of "
+                f"max_seq={max_seq} (need length >= 1, start >= 0, start + length <= max_seq)")
+        if not 0 <= slot < num_slots:
+            raise ValueError(f"segment {i}: slot {slot} is outside 0..{num_slots - 1}")
 
 
 class SlotAttentionMeta:
@@ -147,25 +173,13 @@ class SlotAttentionMeta:
         n_seg = len(slots)
         if not (n_seg == len(starts) == len(tokens)) or (sample is not None and len(sample) != n_seg):
             raise ValueError("slots, starts, tokens (and sample) need one entry per segment")
-        if not 1 <= n_seg <= self.max_segments:
-            raise ValueError(f"a step needs 1..{self.max_segments} segments, got {n_seg}")
-        if len(set(slots)) != n_seg:
-            raise ValueError(f"two segments of one step share a slot ({list(slots)}): each live "
-                             f"request has its own slot and feeds one segment per step")
         lengths = [len(t) for t in tokens]
+        check_step(slots, starts, lengths, max_tokens=self.max_tokens,
+                   max_segments=self.max_segments, max_seq=self.max_seq, num_slots=self.num_slots)
         total = sum(lengths)
-        if total > self.max_tokens:
-            raise ValueError(f"the step has {total} tokens, more than max_tokens={self.max_tokens}")
         decs: list[tuple[int, int]] = []  # (slot, segment)
         chunks: list[tuple[int, int]] = []
-        for i, (slot, start, n) in enumerate(zip(slots, starts, lengths)):
-            if n < 1 or start < 0 or start + n > self.max_seq:
-                raise ValueError(
-                    f"segment {i}: {n} token(s) at positions {start}.. do not fit a sequence of "
-                    f"max_seq={self.max_seq} (need length >= 1, start >= 0, start + length <= "
-                    f"max_seq)")
-            if not 0 <= slot < self.num_slots:
-                raise ValueError(f"segment {i}: slot {slot} is outside 0..{self.num_slots - 1}")
+        for i, (slot, n) in enumerate(zip(slots, lengths)):
             (decs if n == 1 else chunks).append((slot, i))
         decs.sort()
         chunks.sort()

@@ -28,7 +28,7 @@ import torch.utils._pytree as pytree
 from ..backends import memory_planner
 from ..errors import ConfigError
 from ..foundation.gc_pause import ImportCycles, gc_paused
-from ..graphs.memory_plan import plan_settings
+from ..graphs.memory_plan import distinct_pool_bytes, plan_settings
 from .runtime import RunnerRuntime
 from .state import state_tensors
 from .support import broadcast_outputs
@@ -135,7 +135,7 @@ def _plan(rts: list[RunnerRuntime], trace: str | None, alloc_conf: str | None,
         rows = plan_steps(planner, steps)
         stats = planner.pool_stats()
         warm = planner.warmup_peak()
-        out_bytes = _distinct_bytes(planner.kept, planner.pool.owns)
+        out_bytes = distinct_pool_bytes(planner.kept, planner.pool.owns)
         planner.kept = []
     unplanned = list(planner.unplanned)
     if lazy_state:
@@ -230,14 +230,3 @@ def _region_views(region: list[Any], dims: list[Any], out: Any, b: int) -> list[
             return None
         views.append(v)
     return views
-
-
-def _distinct_bytes(kept: list[Any], in_pool: Callable[[torch.Tensor], bool]) -> int:
-    """Bytes of the distinct pool storages among the kept outputs (views counted once)."""
-    seen: dict[int, int] = {}
-    for out in kept:
-        for x in pytree.tree_leaves(out):
-            if isinstance(x, torch.Tensor) and in_pool(x):
-                s = x.untyped_storage()
-                seen[s._cdata] = s.nbytes()
-    return sum(seen.values())

@@ -28,7 +28,7 @@ import torch
 from ..errors import AccelGraphError, ConfigError
 from ..graphs.device_queries import graph_pool_handle
 from ..models.decoder import Decoder, DecoderConfig
-from ..models.slot_attention import SlotAttentionMeta
+from ..models.slot_attention import SlotAttentionMeta, check_step
 from ..runner import GraphRunner
 from ..runner.memory_plan import plan_shared_pool
 from .full_graphs import ChunkGraphs, DecodeGraphs, is_decode_only
@@ -327,28 +327,24 @@ class GraphExecutor(_FlatExecutor):
         decode = self.decode
         if decode is None or not segs:
             return self._run_flat(batch)
-        if is_decode_only(segs):
-            self._check_counts(segs)
-            return self._run_parts(batch, segs, [])
-        if self.chunk is None:  # full_and_piecewise: a step with a prompt chunk
+        decode_only = is_decode_only(segs)
+        if not decode_only and self.chunk is None:  # full_and_piecewise: a step with a chunk
             return self._run_flat(batch)
-        self._fill(batch)  # validates the whole step before any part runs
+        # The whole step is checked before any part of it runs (the flat path's fill does it).
+        check_step([s.slot for s in segs], [s.start for s in segs], [len(s.tokens) for s in segs],
+                   max_tokens=self.max_tokens, max_segments=self.max_segments,
+                   max_seq=self.max_seq, num_slots=self.num_slots)
+        if decode_only:
+            return self._run_parts(batch, segs, [])
+        assert self.chunk is not None
         decs = [s for s in segs if len(s.tokens) == 1]
         chunks = [s for s in segs if len(s.tokens) > 1]
         if not all(self.chunk.can_serve(s) for s in chunks):
             self._note_fallback("a prompt chunk fills its row from position 0 to max_seq, so no "
                                 "chunk graph can pad it")
+            self._fill(batch)
             return self._finish(self._run_flat_eager(), batch.num_tokens)
         return self._run_parts(batch, decs, chunks)
-
-    def _check_counts(self, segs: tuple[Any, ...]) -> None:
-        """The step-size limits :meth:`SlotAttentionMeta.fill` checks, for a decode-only step
-        that skips it (``DecodeGraphs.prepare`` checks the rest), with the same words."""
-        if len(segs) > self.max_segments:
-            raise ValueError(f"a step needs 1..{self.max_segments} segments, got {len(segs)}")
-        if len(segs) > self.max_tokens:
-            raise ValueError(f"the step has {len(segs)} tokens, more than "
-                             f"max_tokens={self.max_tokens}")
 
     def _run_parts(self, batch: StepBatch, decs: list[Any], chunks: list[Any]) -> list[int]:
         """Serve a step part by part from whole-step graphs: its one-token segments ``decs`` in

@@ -27,7 +27,8 @@ family, all in the executor's one pool. vLLM's FULL_AND_PIECEWISE mode is the de
 plus token buckets for the rest; the executor's ``graphs="full"`` serves every step from these
 two families (docs/serving.md "Graph modes").
 
-The executor validates a step before any part of it runs.
+The executor validates a step whole (:func:`~accel_graph.models.slot_attention.check_step`)
+before any part of it runs; these classes trust what they are given.
 """
 
 from __future__ import annotations
@@ -177,25 +178,12 @@ class DecodeGraphs(_ExtentRunners):
                           "output_batch_dim": 0})
 
     def prepare(self, segments: Sequence[Segment]) -> tuple[int, int]:
-        """Validate one-token segments and stage them; returns ``(rows, kv)``: the slot rows
-        (highest slot + 1) and the key extent that serves them. ValueError naming the segment
-        for a slot outside the cache or used twice, or a position outside ``max_seq``; on
-        error nothing is staged."""
-        n, seen = self.num_slots, set()
-        rows = need = 0
-        for i, seg in enumerate(segments):
-            slot, start = seg.slot, seg.start
-            if not 0 <= slot < n:
-                raise ValueError(f"segment {i}: slot {slot} is outside 0..{n - 1}")
-            if slot in seen:
-                raise ValueError(f"two segments of one step share slot {slot}: each live request "
-                                 f"has its own slot and feeds one segment per step")
-            if not 0 <= start < self.max_seq:
-                raise ValueError(
-                    f"segment {i}: 1 token at position {start} does not fit a sequence of "
-                    f"max_seq={self.max_seq} (need 0 <= start < max_seq)")
-            seen.add(slot)
-            rows, need = max(rows, slot + 1), max(need, start + 1)
+        """Stage one-token segments (validated by the caller:
+        :func:`~accel_graph.models.slot_attention.check_step`); returns ``(rows, kv)``: the
+        slot rows (highest slot + 1) and the key extent that serves them."""
+        n = self.num_slots
+        rows = max(s.slot for s in segments) + 1
+        need = max(s.start for s in segments) + 1
         host = self._host
         host[:] = self._zeros
         for seg in segments:

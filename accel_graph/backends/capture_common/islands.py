@@ -119,6 +119,18 @@ def refusal() -> str | None:
     return getattr(_tls, "refusal", None)
 
 
+def check_not_refused(info: object, where: str, during: str) -> None:
+    """Raise ``CaptureError`` when islands are refused on this thread (:func:`refused`), in the
+    words every backend uses: island ``info`` called at ``where`` ``during`` what (``"a capture
+    on cuda:0"``, ``"a memory plan on cpu"``)."""
+    reason = refusal()
+    if reason is not None:
+        from ...errors import CaptureError
+
+        raise CaptureError(f"eager island {info} called (at {where}) during {during} that "
+                           f"cannot take islands: {reason}")
+
+
 def describe_callable(fn: Any, name: str | None = None) -> IslandInfo:
     """The :class:`IslandInfo` of ``fn``: its qualified name and the line of its definition
     (``__wrapped__`` chains are followed; a callable object is described by its ``__call__``)."""

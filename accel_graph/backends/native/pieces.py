@@ -58,7 +58,7 @@ from ..capture_common.island_outputs import (
     check_outputs,
     held_storages,
 )
-from ..capture_common.islands import IslandInfo, refusal, running_island
+from ..capture_common.islands import IslandInfo, check_not_refused, running_island
 
 __all__ = ["IslandStep", "PieceHost", "Pieces", "debug_dump", "make_replay"]
 
@@ -142,10 +142,7 @@ class Pieces:
     def _island(self, host: PieceHost, info: IslandInfo, fn: Callable[..., Any], args: tuple,
                 kwargs: dict) -> Any:
         where = user_frame()
-        reason = refusal()
-        if reason is not None:
-            raise CaptureError(f"eager island {info} called (at {where}) during a capture on "
-                               f"{host.device} that cannot take islands: {reason}")
+        check_not_refused(info, where, f"a capture on {host.device}")
         flow = host.control_flow_mode()
         if flow is not None and flow.depth:
             raise CaptureError(

@@ -44,7 +44,7 @@ from ..capture_common.island_outputs import (
     check_outputs,
     held_storages,
 )
-from ..capture_common.islands import IslandInfo, Runner, refusal, running_island
+from ..capture_common.islands import IslandInfo, Runner, check_not_refused, running_island
 from . import ops as opinfo
 from .program import build_replay, materialize
 from .rng import HostCall
@@ -116,20 +116,24 @@ def make_runner(cap: IslandCapture) -> Runner:
     return run
 
 
-def _capture_island(cap: IslandCapture, info: IslandInfo, fn: Callable[..., Any], args: tuple,
-                    kwargs: dict) -> Any:
-    where = user_frame()
-    reason = refusal()
-    if reason is not None:
-        raise CaptureError(f"eager island {info} called (at {where}) during a capture on "
-                           f"{cap.device} that cannot take islands: {reason}")
+def check_island_call(cap: IslandCapture, info: IslandInfo, where: str, during: str) -> None:
+    """Refuse an island call the recorder cannot honour ``during`` a capture or a memory plan
+    (``CaptureError``): islands refused on this thread, or a call inside a cond branch or
+    while_loop body."""
+    check_not_refused(info, where, during)
     if cap.steps is not cap.top_steps:
         raise CaptureError(
             f"eager island {info} called inside a torch.cond branch or a torch.while_loop body "
-            f"during capture on {cap.device} (at {where}): a branch or body is recorded whole, "
-            f"without running, and replay picks it on values the capture never sees, so there "
-            f"are no real values to run the island on. Call the island outside the "
-            f"cond/while_loop (an island may branch on values in Python itself)")
+            f"during {during} (at {where}): a branch or body is recorded whole, without "
+            f"running, and replay picks it on values the capture never sees, so there are no "
+            f"real values to run the island on. Call the island outside the cond/while_loop "
+            f"(an island may branch on values in Python itself)")
+
+
+def _capture_island(cap: IslandCapture, info: IslandInfo, fn: Callable[..., Any], args: tuple,
+                    kwargs: dict) -> Any:
+    where = user_frame()
+    check_island_call(cap, info, where, f"a capture on {cap.device}")
     check_argument_devices(info, (args, kwargs), where, cap.device)
     cap.sync_flags()  # settings changed since the last op belong to the piece before the island
     _run_piece(cap)

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ...allocator.core.engine import OP, OP_DTYPE, Engine
+from ...allocator.core.engine import Engine
 from ...allocator.core.settings import EngineSettings
 from ...allocator.traces.files import save_trace
 from ...allocator.traces.model import Trace
@@ -208,25 +208,20 @@ class MemoryPlanner:
         allocation sequence replayed in order on one ordinary engine (the device's general
         allocator, empty at the start), each warm-up's outputs dropped at its end (the runner
         drops them before it captures)."""
-        ops: list[tuple[int, int, int, int, int]] = []
-        slot = 0
+        events: list[PoolEvent] = []
         for cap in self.captures:
-            live: dict[int, int] = {}
-            for action, key, nbytes in cap.events:
+            live: set[int] = set()
+            for event in cap.events:
+                action, key, _nbytes = event
                 if action == "alloc":
-                    live[key] = slot
-                    ops.append((OP["malloc"], 0, max(nbytes, 1), slot, 0))
-                    slot += 1
-                elif key in live:
-                    ops.append((OP["free"], 0, 0, live.pop(key), 0))
-            for s in live.values():
-                ops.append((OP["free"], 0, 0, s, 0))
-        if not ops:
-            return 0
-        arr = np.array(ops, dtype=OP_DTYPE)
-        with Engine(policy=self.policy, upstream="counting", settings=self.settings) as sim:
-            sim.replay(arr, n_slots=max(slot, 1))
-            return int(sim.memory_stats()["reserved_bytes.all.peak"])
+                    live.add(key)
+                elif key not in live:
+                    continue  # a block of an earlier capture: its warm-up freed it already
+                else:
+                    live.discard(key)
+                events.append(event)
+            events += [("free", key, 0) for key in live]
+        return int(standalone_peak(events, self.settings, self.policy)) if events else 0
 
     def write_trace(self, path: str, allocator_settings: dict[str, Any], what: str) -> None:
         """Write the planned pool's allocations so far (``record_events``) as a memory-snapshot

@@ -39,10 +39,10 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from ...errors import CaptureError
 from ..capture_common.dispatch_stack import lifted
 from ..capture_common.frames import user_frame
-from ..capture_common.islands import IslandInfo, Runner, refusal, running_island
+from ..capture_common.islands import IslandInfo, Runner, running_island
 from ..capture_common.pytree import tree_map
 from . import validate
-from .islands import IslandCapture
+from .islands import IslandCapture, check_island_call
 
 __all__ = ["make_plan_runner"]
 
@@ -149,15 +149,7 @@ def make_plan_runner(cap: IslandCapture, unplanned: list[dict[str, str]]) -> Run
 def _plan_island(cap: IslandCapture, info: IslandInfo, fn: Callable[..., Any], args: tuple,
                  kwargs: dict) -> Any:
     where = user_frame()
-    reason = refusal()
-    if reason is not None:
-        raise CaptureError(f"eager island {info} called (at {where}) during a memory plan on "
-                           f"{cap.device} that cannot take islands: {reason}")
-    if cap.steps is not cap.top_steps:
-        raise CaptureError(
-            f"eager island {info} called inside a torch.cond branch or a torch.while_loop body "
-            f"(at {where}): capture refuses that (there are no real values to run it on); call "
-            f"the island outside the cond/while_loop")
+    check_island_call(cap, info, where, f"a memory plan on {cap.device}")
     cap.sync_flags()
     cap.ran_to = len(cap.steps)  # the piece before is not run: a plan computes nothing
     cap.island_pins = []
